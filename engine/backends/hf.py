@@ -1,0 +1,281 @@
+"""``hf``: a local transformers model served by a batching actor (CPU, or CUDA).
+
+The actor takes every request queued at the moment it becomes free (up to
+``max_batch_size``), groups them by sampling parameters, and runs one static,
+left-padded ``model.generate`` per group in a worker thread.  Each row stops at
+its own budget or at its first stop token; a withdrawn (cancelled) row is stopped
+at the next token through a ``StoppingCriteria``.
+
+Logprobs: ``output_logprobs[i]`` is ``log_softmax`` of the *processed* scores at
+the sampled token, i.e. of the distribution that was actually sampled (after
+temperature, top-k and top-p), computed by transformers'
+``compute_transition_scores(normalize_logits=True)``.  With ``temperature=1``,
+no top-k/top-p, or greedy decoding this equals the model's raw next-token
+log-probability (what a teacher-forced forward pass gives).  SGLang returns the
+same kind by default; vLLM returns raw logprobs (``SERVERS_AND_MODELS.md`` §6).
+
+Versions: every token of a segment carries ``self.version`` read before the
+segment starts (AReaL PR #1569).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from typing import Any
+
+import outcome
+import trio
+
+from ..errors import BackendError, InvalidRequestError
+from ..types import ModelRequest, ModelResponse
+from .base import GenerationJob, InferenceBackend
+
+__all__ = ["HFBackend"]
+
+logger = logging.getLogger(__name__)
+
+_NO_TOP_K = 100_000_000
+
+
+def _batch_key(req: ModelRequest) -> tuple:
+    g = req.gconfig
+    return (
+        g.greedy,
+        None if g.greedy else g.temperature,
+        None if g.greedy else g.top_p,
+        None if g.greedy or g.top_k >= _NO_TOP_K else g.top_k,
+        g.min_new_tokens,
+        tuple(g.stop_token_ids),
+        g.ignore_eos,
+        g.seed,
+    )
+
+
+class HFBackend(InferenceBackend):
+    """Serve a transformers causal LM from this process.
+
+    Args:
+        model: a local HF folder or hub id (loaded at actor start-up), or an
+            already-loaded ``PreTrainedModel`` (then ``tokenizer`` is required).
+        tokenizer: optional tokenizer (loaded from ``model`` when omitted).
+        device: ``"cuda"`` when available else ``"cpu"`` by default.
+        dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), or a torch dtype name.
+        max_batch_size: requests per ``generate`` call.
+        batch_window_s: seconds to wait for more requests after the first one
+            arrives, so that a burst of episodes lands in one batch.
+
+    Raises (from ``run`` start-up): whatever transformers raises when the model
+    cannot be loaded.  Per request: :class:`InvalidRequestError` for an
+    unsupported parameter (``frequency_penalty``, ``image_data``).
+    """
+
+    logprob_semantics = "processed"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        max_batch_size: int = 64,
+        batch_window_s: float = 0.005,
+    ) -> None:
+        if max_batch_size < 1:
+            raise InvalidRequestError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batch_window_s < 0:
+            raise InvalidRequestError(f"batch_window_s must be >= 0, got {batch_window_s}")
+        self._model_spec = model
+        self.model: Any = None if isinstance(model, str) else model
+        self.tokenizer = tokenizer
+        self._device = device
+        self._dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.version = 0
+        self._stats = defaultdict(int)
+
+    # -- loading -------------------------------------------------------------
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self._dtype == "auto":
+            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        else:
+            dtype = getattr(torch, self._dtype)
+        if self.model is None:
+            self.model = AutoModelForCausalLM.from_pretrained(self._model_spec, dtype=dtype)
+        self.model.to(device=device, dtype=dtype).eval()
+        if self.tokenizer is None:
+            self.tokenizer = AutoTokenizer.from_pretrained(self._model_spec)
+        self.device = device
+
+    # -- actor ---------------------------------------------------------------
+    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(self._load)
+        task_status.started()
+        async with jobs:
+            while True:
+                try:
+                    batch = [await jobs.receive()]
+                except trio.EndOfChannel:
+                    return
+                if self.batch_window_s:
+                    await trio.sleep(self.batch_window_s)
+                while len(batch) < self.max_batch_size:
+                    try:
+                        batch.append(jobs.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                groups: dict[tuple, list[GenerationJob]] = defaultdict(list)
+                for job in batch:
+                    if job.withdrawn:
+                        continue
+                    problem = self._unsupported(job.request)
+                    if problem:
+                        job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
+                        continue
+                    key = _batch_key(job.request)
+                    if key[-1] is not None:  # seeded: alone, so the same seed gives the same tokens
+                        key = (*key, id(job))
+                    groups[key].append(job)
+                for group in groups.values():
+                    await self._run_group(group)
+
+    @staticmethod
+    def _unsupported(req: ModelRequest) -> str | None:
+        if req.gconfig.frequency_penalty:
+            return "the hf backend does not support gconfig.frequency_penalty"
+        if req.image_data:
+            return "the hf backend does not support image_data"
+        return None
+
+    async def _run_group(self, group: list[GenerationJob]) -> None:
+        version = self.version  # read before the segment is sent (AReaL PR #1569)
+        start = trio.current_time()
+        self._stats["batches"] += 1
+        self._stats["requests_running"] = len(group)
+        try:
+            result = await trio.to_thread.run_sync(self._generate, group)
+        except Exception as exc:  # a backend failure fails this group's requests only
+            logger.exception("hf backend: generate failed for %d requests", len(group))
+            for job in group:
+                job.reply(outcome.Error(BackendError(f"request {job.request.rid}: generate failed: {exc!r}")))
+            return
+        finally:
+            self._stats["requests_running"] = 0
+        rows, first_token_s = result
+        end = trio.current_time()
+        for job, (tokens, logprobs, reason) in zip(group, rows):
+            if job.withdrawn:
+                continue
+            self._stats["requests_served"] += 1
+            self._stats["tokens_generated"] += len(tokens)
+            job.reply(
+                outcome.Value(
+                    ModelResponse(
+                        input_tokens=list(job.request.input_ids),
+                        output_tokens=tokens,
+                        output_logprobs=logprobs,
+                        output_versions=[version] * len(tokens),
+                        stop_reason=reason,
+                        latency=end - start,
+                        ttft=first_token_s,
+                    )
+                )
+            )
+
+    # -- generation (runs in a worker thread) --------------------------------
+    def _stop_ids(self, req: ModelRequest) -> set[int]:
+        stop = set(req.gconfig.stop_token_ids)
+        if not req.gconfig.ignore_eos:
+            eos = self.tokenizer.eos_token_id
+            if eos is not None:
+                stop.add(int(eos))
+        return stop
+
+    def _generate(self, group: list[GenerationJob]) -> tuple[list[tuple[list[int], list[float], str]], float]:
+        import time
+
+        import torch
+        from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+        g = group[0].request.gconfig
+        budgets = [job.budget for job in group]
+        stop_ids = self._stop_ids(group[0].request)
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = next(iter(stop_ids), 0)
+        prompts = [job.request.input_ids for job in group]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(group), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            input_ids[i, width - len(p) :] = torch.tensor(p)
+            attention[i, width - len(p) :] = 1
+        t0 = time.perf_counter()
+        first_token = [0.0]
+
+        class _RowStop(StoppingCriteria):
+            """Stop a row at its own budget or once its episode withdrew it."""
+
+            def __call__(self, ids, scores, **kwargs):  # ids: [B, width + steps]
+                steps = ids.shape[1] - width
+                if steps == 1:
+                    first_token[0] = time.perf_counter() - t0
+                done = [steps >= b or job.withdrawn for b, job in zip(budgets, group)]
+                return torch.tensor(done, dtype=torch.bool, device=ids.device)
+
+        gen_cfg = GenerationConfig(
+            max_new_tokens=max(budgets),
+            min_new_tokens=g.min_new_tokens or None,
+            do_sample=not g.greedy,
+            temperature=None if g.greedy else max(g.temperature, 1e-5),
+            top_p=None if g.greedy else g.top_p,
+            top_k=None if g.greedy or g.top_k >= _NO_TOP_K else g.top_k,
+            eos_token_id=sorted(stop_ids) or None,
+            pad_token_id=pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        if g.seed is not None:
+            torch.manual_seed(g.seed)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=gen_cfg,
+                stopping_criteria=StoppingCriteriaList([_RowStop()]),
+            )
+            # [B, steps]: log-prob of each sampled token under the processed distribution
+            logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        gen = out.sequences[:, width:].tolist()  # [B, steps]
+        logprobs = logprobs.float().cpu().tolist()
+        rows = []
+        for i, job in enumerate(group):
+            rows.append(self._trim(job.request, gen[i], logprobs[i], budgets[i], stop_ids))
+        return rows, first_token[0]
+
+    def _trim(
+        self, req: ModelRequest, tokens: list[int], logprobs: list[float], budget: int, stop_ids: set[int]
+    ) -> tuple[list[int], list[float], str]:
+        """Cut a generated row at its first stop token (kept), stop string, or budget."""
+        n, reason = min(len(tokens), budget), "length"
+        for k in range(n):
+            if k + 1 >= req.gconfig.min_new_tokens and tokens[k] in stop_ids:
+                n, reason = k + 1, "stop"
+                break
+        if req.gconfig.stop:
+            for k in range(1, n + 1):
+                text = self.tokenizer.decode(tokens[:k], skip_special_tokens=False)
+                if any(s in text for s in req.gconfig.stop):
+                    n, reason = k, "stop"
+                    break
+        return tokens[:n], logprobs[:n], reason
+
+    def statistics(self) -> dict[str, Any]:
+        return {"version": self.version, **self._stats}

@@ -1,0 +1,100 @@
+"""Datasets for ``rollout run``: GSM8K-style jsonl files and a built-in arithmetic set.
+
+A row is ``{"question": str, "answer": str}`` where ``answer`` ends with
+``#### <number>`` (GSM8K format, openai/grade-school-math).  :func:`load_dataset`
+turns each row into a workflow item: the row's keys plus ``"messages"`` (a
+one-turn chat asking the question), which :class:`workflows.rlvr.RLVRWorkflow`
+renders with the chat template; ``answer`` reaches the reward function as a
+keyword argument.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from .errors import DatasetError
+
+__all__ = ["BUILTIN_ARITH", "PROMPT_SUFFIX", "builtin_arith", "load_dataset", "to_item"]
+
+BUILTIN_ARITH = "builtin:arith"
+PROMPT_SUFFIX = "\nAnswer with the final number after '####'."
+
+_TEMPLATES = (  # (question, operator); a > b >= 2, and b divides a for "/"
+    ("{name} has {a} apples and buys {b} more. How many apples does {name} have now?", "+"),
+    ("A box holds {a} pencils. {name} takes {b} of them out. How many pencils are left in the box?", "-"),
+    ("{name} has {b} bags with {a} marbles in each bag. How many marbles does {name} have in total?", "*"),
+    ("{name} shares {a} cookies equally among {b} friends. How many cookies does each friend get?", "/"),
+)
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a // b}
+_NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo")
+
+
+def builtin_arith(n: int = 16, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` small arithmetic word problems in GSM8K format (deterministic for ``seed``)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        template, op = _TEMPLATES[i % len(_TEMPLATES)]
+        b = rng.randint(2, 9)
+        a = b * rng.randint(2, 9) if op == "/" else rng.randint(b + 1, 30)
+        question = template.format(name=rng.choice(_NAMES), a=a, b=b)
+        rows.append({"question": question, "answer": f"#### {_OPS[op](a, b)}"})
+    return rows
+
+
+def to_item(row: dict[str, Any]) -> dict[str, Any]:
+    """A dataset row plus ``messages`` (the user turn: question + answer-format hint)."""
+    return {**row, "messages": [{"role": "user", "content": row["question"] + PROMPT_SUFFIX}]}
+
+
+def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """Load ``spec`` (``"builtin:arith"``, ``"builtin:arith:N"`` or a jsonl path) as
+    workflow items, at most ``limit`` of them.
+
+    Raises:
+        DatasetError: the file is missing or empty, a line is not a JSON object,
+            or a row lacks a string ``question`` (names the file and line number).
+    """
+    if spec.startswith(BUILTIN_ARITH):
+        rest = spec[len(BUILTIN_ARITH):]
+        try:
+            n = int(rest[1:]) if rest.startswith(":") else 16
+            if rest and not rest.startswith(":"):
+                raise ValueError
+        except ValueError:
+            raise DatasetError(f"dataset {spec!r}: expected 'builtin:arith' or 'builtin:arith:N'") from None
+        rows = builtin_arith(n)
+    else:
+        rows = _read_jsonl(Path(spec), limit)
+    if limit is not None:
+        rows = rows[:limit]
+    if not rows:
+        raise DatasetError(f"dataset {spec!r} has no rows")
+    return [to_item(r) for r in rows]
+
+
+def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise DatasetError(f"dataset file not found: {path}")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            if not isinstance(row.get("question"), str):
+                raise DatasetError(f"{path}:{lineno}: row has no string field 'question'")
+            if "answer" in row and not isinstance(row["answer"], (str, int, float)):
+                raise DatasetError(f"{path}:{lineno}: field 'answer' must be a string or number")
+            rows.append(row)
+    return rows

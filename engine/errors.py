@@ -1,0 +1,70 @@
+"""The engine's exception tree (one place; every boundary maps into it).
+
+::
+
+    RolloutError                      base of everything the engine raises on purpose
+    ├── InvalidRequestError(ValueError)   a request/config is malformed (names the field)
+    ├── DatasetError(ValueError)          a dataset file/row is malformed (names file and line)
+    ├── BackendError                      the inference backend failed or sent bad evidence
+    ├── RewardError                       a reward function raised, returned a non-finite
+    │                                     or non-numeric value, or cannot be pickled
+    └── WorkflowError                     a workflow could not be resolved/instantiated
+
+Episode failures are recorded as data, not raised: each failed episode keeps a
+``reason`` (one of :data:`FAILURE_REASONS`) and the original exception's type and
+message (see :class:`engine.executor.EpisodeResult`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "DatasetError",
+    "FAILURE_REASONS",
+    "InvalidRequestError",
+    "RewardError",
+    "RolloutError",
+    "WorkflowError",
+    "failure_reason",
+]
+
+
+class RolloutError(Exception):
+    """Base class of errors raised by trio-rollout."""
+
+
+class InvalidRequestError(RolloutError, ValueError):
+    """A request or configuration value is out of range; the message names it."""
+
+
+class DatasetError(RolloutError, ValueError):
+    """A dataset file or row is malformed; the message names the file and line."""
+
+
+class BackendError(RolloutError):
+    """The inference backend failed, or its response broke the evidence rules
+    (logprob count != token count, NaN/inf/bool logprob, vLLM's -9999 sentinel)."""
+
+
+class RewardError(RolloutError):
+    """A reward function raised after all retries, returned something that is not
+    a finite real number, or could not be sent to a worker process."""
+
+
+class WorkflowError(RolloutError):
+    """A workflow spec could not be resolved or instantiated."""
+
+
+#: Reasons an episode can fail with (``EpisodeResult.reason`` when status is "failed").
+FAILURE_REASONS = ("backend_error", "invalid_request", "reward_error", "workflow_error")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Map an exception raised inside an episode to its failure reason."""
+    if isinstance(exc, RewardError):
+        return "reward_error"
+    if isinstance(exc, BackendError):
+        return "backend_error"
+    if isinstance(exc, InvalidRequestError):
+        return "invalid_request"
+    return "workflow_error"

@@ -1,0 +1,36 @@
+"""Shared fixtures.  Tests run in pytest-trio's trio mode (pyproject)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class InProcessRewardPool:
+    """A reward pool stand-in for unit tests: calls the function in-process."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def score(self, reward_fn, prompt, completions, prompt_ids, completion_ids, **data):
+        from rewards import RewardOutcome
+
+        self.calls += 1
+        value = reward_fn(prompt, completions, prompt_ids, completion_ids, **data)
+        return RewardOutcome(reward=float(value), is_fallback=False, attempts=1, latency_s=0.0)
+
+    def statistics(self):
+        return {"calls": self.calls}
+
+
+@pytest.fixture
+def reward_pool():
+    return InProcessRewardPool()

@@ -1,0 +1,94 @@
+"""Single-turn RL with verifiable rewards (AReaL ``areal/workflow/rlvr.py``).
+
+chat template -> ``ModelRequest`` -> ``engine.agenerate`` -> reward in the worker
+pool -> trajectory.  With ``gconfig.n_samples = n`` the ``n`` samples of one prompt
+are generated concurrently in a child nursery (cancelling the episode cancels all
+of them) and returned as one trajectory of batch ``[n]``, rows ordered by sample
+index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from engine.data import concat_padded_tensors, trajectory_from_response
+from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse
+
+from .base import RolloutWorkflow
+
+__all__ = ["RLVRWorkflow", "default_get_input_ids"]
+
+
+def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking: bool) -> list[int]:
+    """Render ``data["messages"]`` with the tokenizer's chat template (generation
+    prompt added) and return the prompt token ids."""
+    kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
+    ids = tokenizer.apply_chat_template(
+        data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
+    )
+    return list(ids)
+
+
+class RLVRWorkflow(RolloutWorkflow):
+    """Generate ``gconfig.n_samples`` completions of one chat prompt and score them.
+
+    Args:
+        reward_fn: ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)
+            -> float``; picklable (it runs in a worker process), or an ``async def``
+            (runs in-process under the same timeout policy).
+        gconfig: sampling parameters; stop/pad ids of ``tokenizer`` are merged in.
+        tokenizer: a transformers tokenizer with a chat template, or a path to one.
+        enable_thinking: passed to the chat template when not ``None``.
+        get_input_ids_fn: ``(tokenizer, data, enable_thinking) -> list[int]``.
+
+    ``data`` must hold ``"messages"`` (a chat); every key is passed to the reward
+    function as a keyword argument (GSM8K rows carry ``answer``).
+
+    Returns from :meth:`arun_episode`: a trajectory of batch ``[n_samples]``.
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[..., Any],
+        gconfig: GenerationHyperparameters,
+        tokenizer: Any,
+        enable_thinking: bool | None = None,
+        get_input_ids_fn: Callable[[Any, dict[str, Any], Any], list[int]] = default_get_input_ids,
+    ) -> None:
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.reward_fn = reward_fn
+        self.tokenizer = tokenizer
+        self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+        self.enable_thinking = enable_thinking
+        self.get_input_ids_fn = get_input_ids_fn
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+        input_ids = self.get_input_ids_fn(self.tokenizer, data, self.enable_thinking)
+        n = self.gconfig.n_samples
+        sample_cfg = self.gconfig.new(n_samples=1)
+        trajectories: list[Any] = [None] * n
+
+        async def one_sample(i: int) -> None:
+            req = ModelRequest(input_ids=input_ids, gconfig=sample_cfg, tokenizer=self.tokenizer)
+            resp = await engine.agenerate(req)
+            reward = await self._reward(engine, resp, data)
+            trajectories[i] = trajectory_from_response(resp, reward)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one_sample, i)
+        return concat_padded_tensors(trajectories)
+
+    async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any]) -> float:
+        prompt = self.tokenizer.decode(resp.input_tokens, skip_special_tokens=False)
+        completion = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=self.gconfig.skip_special_tokens)
+        result = await engine.reward_pool.score(
+            self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data
+        )
+        return result.reward

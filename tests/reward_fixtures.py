@@ -1,0 +1,90 @@
+"""Reward functions used by tests/test_rewards.py, run inside real worker processes.
+
+They live in their own importable module (``tests/`` is on ``sys.path`` under
+pytest's default "prepend" import mode, and spawn workers inherit the parent's
+``sys.path``) so that they are pickled by reference and behave like a user's
+module-level reward functions.  Every function has the reward signature
+``(prompt, completions, prompt_ids, completion_ids, **data)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def _log(path: str | None) -> None:
+    """Append one line per call, so a test can count attempts across processes."""
+    if path is not None:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def return_pid(prompt, completions, prompt_ids, completion_ids, **data) -> int:
+    """The worker's pid (an int, so it also checks int -> float conversion)."""
+    return os.getpid()
+
+
+def return_value(prompt, completions, prompt_ids, completion_ids, *, value: Any, log=None, **data):
+    """Return ``value`` unchanged (None, NaN, "x", numpy arrays, ...)."""
+    _log(log)
+    return value
+
+
+def sleep_then_return(prompt, completions, prompt_ids, completion_ids, *, seconds: float, **data):
+    """Work for ``seconds`` (a workload, not synchronisation), then return 1.0."""
+    time.sleep(seconds)
+    return 1.0
+
+
+def sleep_forever(prompt, completions, prompt_ids, completion_ids, *, log=None, **data):
+    """Hang (30 s, far beyond any test timeout)."""
+    _log(log)
+    time.sleep(30)
+    return 1.0
+
+
+def announce_pid_then_sleep(prompt, completions, prompt_ids, completion_ids, *, fifo: str, **data):
+    """Write this worker's pid into the named pipe ``fifo``, then hang.
+
+    Opening a FIFO for writing blocks until the test opens it for reading, so
+    the test learns the pid exactly when the job is running.
+    """
+    with open(fifo, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(30)
+    return 1.0
+
+
+def crash_once(prompt, completions, prompt_ids, completion_ids, *, marker: str, **data):
+    """Kill the worker (``os._exit``) the first time, then return 1.0."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return 1.0
+
+
+def crash_always(prompt, completions, prompt_ids, completion_ids, **data):
+    """Kill the worker on every call."""
+    os._exit(3)
+
+
+def raise_value_error(prompt, completions, prompt_ids, completion_ids, *, log=None, **data):
+    """Raise ValueError('bad input 42'), logging the attempt."""
+    _log(log)
+    raise ValueError("bad input 42")
+
+
+def explode_outside(parent_pid: int) -> str:
+    """Unpickling helper: fails in any process other than ``parent_pid``."""
+    if os.getpid() != parent_pid:
+        raise RuntimeError("this object cannot be loaded in a worker")
+    return "loaded"
+
+
+class LoadsOnlyInParent:
+    """Picklable, but unpickling it in a worker process raises."""
+
+    def __reduce__(self):
+        return explode_outside, (os.getpid(),)

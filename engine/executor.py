@@ -196,7 +196,7 @@ class RolloutEngine:
                 await self._jobs.send(job)
                 result = await reply_recv.receive()
         except BaseException:
-            job.cancel_scope.cancel()  # withdraw: skipped if queued, interrupted if running
+            job.withdraw()  # withdraw: skipped if queued, interrupted if running
             raise
         return result.unwrap()
 

@@ -40,7 +40,8 @@ class GenerationJob:
     Attributes:
         request: the (validated) request.
         budget: new-token budget, ``min(max_tokens - prompt_len, max_new_tokens)``.
-        cancel_scope: cancelled when the episode withdraws the request.
+        cancel_scope: cancelled when the episode withdraws the request
+            (:meth:`withdraw`); per-request backends run the request inside it.
         enqueued_at: ``trio.current_time()`` when the job was sent (seconds).
     """
 
@@ -49,11 +50,14 @@ class GenerationJob:
     reply_channel: trio.MemorySendChannel[outcome.Outcome[ModelResponse]]
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     enqueued_at: float = 0.0
+    #: True once the episode gave up on this job; a plain bool so that backend
+    #: threads (the ``hf`` generate loop) may read it.
+    withdrawn: bool = False
 
-    @property
-    def withdrawn(self) -> bool:
-        """True once the episode that sent this job gave up on it."""
-        return self.cancel_scope.cancel_called
+    def withdraw(self) -> None:
+        """Give up on this job: skipped if queued, cancelled if running."""
+        self.withdrawn = True
+        self.cancel_scope.cancel()
 
     def reply(self, result: outcome.Outcome[ModelResponse]) -> None:
         """Deliver the result; silently dropped if the episode already left."""

@@ -234,9 +234,12 @@ class HFBackend(InferenceBackend):
             max_new_tokens=max(budgets),
             min_new_tokens=g.min_new_tokens or None,
             do_sample=not g.greedy,
-            temperature=None if g.greedy else max(g.temperature, 1e-5),
-            top_p=None if g.greedy else g.top_p,
-            top_k=None if g.greedy or g.top_k >= _NO_TOP_K else g.top_k,
+            # explicit values: None would fall back to the model's generation_config
+            # (transformers' default top_k is 50), changing the sampled distribution
+            temperature=1.0 if g.greedy else max(g.temperature, 1e-5),
+            top_p=1.0 if g.greedy else g.top_p,
+            top_k=0 if g.greedy or g.top_k >= _NO_TOP_K else g.top_k,
+            repetition_penalty=1.0,
             eos_token_id=sorted(stop_ids) or None,
             pad_token_id=pad_id,
             return_dict_in_generate=True,

@@ -2,65 +2,116 @@
 
 ::
 
-    async with open_rollout_engine(backend, config=EngineConfig(...)) as engine:
-        task_id = engine.submit(data, workflow)           # returns at once
-        results = await engine.wait_results(count=1)      # EpisodeResult records
-        batch = await engine.rollout_batch(items, workflow)  # padded TensorDict
+    async with open_rollout_engine(backend, EngineConfig(...)) as engine:
+        task_id = engine.submit(data, workflow, group_size=4)   # returns at once
+        trajs = await engine.wait(count=8)                      # oldest first, None = not accepted
+        batch = await engine.prepare_batch(dataloader, workflow)  # async RL: overlaps training
+        engine.set_version(v + 1)                               # after each weight update
 
-Accounting (ours, always true): ``submitted == queued + running + accepted +
-rejected + failed``; every submitted episode ends exactly once as ``accepted``
-(the workflow returned a trajectory), ``rejected`` (it returned ``None``) or
-``failed`` (it raised, or was cancelled), with a reason.  One failing episode
-never stops the run.  Contract names follow AReaL ``WorkflowExecutor``
-(``areal/infra/workflow_executor.py``).
+Contract names and semantics follow AReaL's ``WorkflowExecutor``
+(``areal/infra/workflow_executor.py``); admission follows its staleness manager
+(:mod:`engine.staleness`).  Ours:
+
+* Exactly-once accounting, always true: ``submitted == queued + running +
+  accepted + rejected + failed``.  Every episode ends once as ``accepted``,
+  ``rejected`` or ``failed`` with a reason (:class:`EpisodeResult`); one failing
+  episode never stops the run.  An episode is ``running`` from admission until
+  its result is deposited in the bounded buffer (:mod:`engine.buffer`).
+* ``wait`` counts completions, accepted or not (AReaL issue #588), and a ``wait``
+  that times out or is cancelled consumes nothing.
+* A group (``group_size = n``) runs its n samples in a child nursery; results are
+  ordered by sample index; every trajectory carries ``group_id`` and
+  ``group_size`` so partial groups cannot corrupt GRPO (AReaL issue #1419).
+* ``set_version`` wakes admission at once (a latent hang in AReaL).
 """
 
 from __future__ import annotations
 
+import collections
+import contextvars
+import inspect
 import logging
 import math
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import trio
 from tensordict import TensorDict
 
 from .backends.base import GenerationJob, InferenceBackend, validate_response
+from .buffer import ResultBuffer
 from .data import concat_padded_tensors
 from .errors import BackendError, failure_reason
+from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
 
-__all__ = ["EngineConfig", "EngineStatistics", "EpisodeResult", "RolloutEngine", "open_rollout_engine"]
+__all__ = ["EngineConfig", "EngineStatistics", "EpisodeResult", "RolloutEngine", "open_rollout_engine", "sample_index"]
 
 logger = logging.getLogger(__name__)
+
+STALENESS_POLICIES = ("drop", "flag")
+
+#: Inside ``arun_episode``: this member's sample index within its group (0 for
+#: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
+sample_index: contextvars.ContextVar[int] = contextvars.ContextVar("sample_index", default=0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """Engine settings (units in the names).
+    """Engine settings (units in the names); validated on construction.
 
     Attributes:
         max_concurrent_rollouts: episodes running at once (AReaL's ``C``).
-        reward_timeout_seconds: per-attempt reward deadline; the worker is killed.
-        reward_max_retries: retries after the first attempt (AReaL default 3).
-        reward_max_workers: reward worker processes (``None``: AReaL's derivation).
-        reward_worker_type: ``"spawn"`` or ``"forkserver"`` (never fork with torch).
+        consumer_batch_size: episodes per training batch (AReaL's ``B``); the
+            batch size of :meth:`RolloutEngine.prepare_batch`.
+        max_head_offpolicyness: AReaL's ``eta``: how many versions generation
+            may run ahead of training; ``None`` disables the staleness bound.
+        buffer_capacity: trajectories the result buffer holds before finished
+            episodes wait to deposit (``None``: ``max(1024, 4 * C)``).
+        staleness_policy: for a trajectory whose oldest generated token is more
+            than ``eta`` versions behind the current version: ``"drop"`` (the
+            episode is rejected, reason ``"stale"``) or ``"flag"`` (kept, with
+            ``is_stale [B] bool`` set).  Checked on deposit and on each
+            ``set_version``.
+        drop_incomplete_group: reject a group with any rejected or failed member
+            (reason ``"incomplete_group"``).
+        reward_normalization: z-score ``rewards`` within a complete group
+            (population std + 1e-8, AReaL) and keep raw values as ``original_rewards``.
+        should_accept_timeout_s: deadline of ``should_accept_fn`` (seconds).
+        reward_timeout_seconds, reward_max_retries, reward_max_workers,
+        reward_worker_type: the reward pool's policy (see :mod:`rewards`).
     """
 
     max_concurrent_rollouts: int = 256
+    consumer_batch_size: int = 1
+    max_head_offpolicyness: int | None = None
+    buffer_capacity: int | None = None
+    staleness_policy: str = "drop"
+    drop_incomplete_group: bool = False
+    reward_normalization: bool = False
+    should_accept_timeout_s: float = 30.0
     reward_timeout_seconds: float = 15.0
     reward_max_retries: int = 3
     reward_max_workers: int | None = None
     reward_worker_type: str = "spawn"
 
     def __post_init__(self) -> None:
-        if self.max_concurrent_rollouts < 1:
-            raise ValueError(f"max_concurrent_rollouts must be >= 1, got {self.max_concurrent_rollouts}")
-        if not (math.isfinite(self.reward_timeout_seconds) and self.reward_timeout_seconds > 0):
-            raise ValueError(f"reward_timeout_seconds must be a finite number > 0, got {self.reward_timeout_seconds}")
+        for name in ("max_concurrent_rollouts", "consumer_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_head_offpolicyness is not None and self.max_head_offpolicyness < 0:
+            raise ValueError(f"max_head_offpolicyness must be >= 0 or None, got {self.max_head_offpolicyness}")
+        if self.buffer_capacity is not None and self.buffer_capacity < 1:
+            raise ValueError(f"buffer_capacity must be >= 1 trajectory, got {self.buffer_capacity}")
+        if self.staleness_policy not in STALENESS_POLICIES:
+            raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {self.staleness_policy!r}")
+        for name in ("should_accept_timeout_s", "reward_timeout_seconds"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
         if self.reward_max_retries < 0:
             raise ValueError(f"reward_max_retries must be >= 0, got {self.reward_max_retries}")
 
@@ -72,13 +123,19 @@ class EpisodeResult:
     Attributes:
         task_id: the id ``submit`` returned.
         status: ``"accepted"``, ``"rejected"`` or ``"failed"``.
-        trajectory: the trajectory (batch ``[B]``) when accepted, else ``None``.
-        reason: ``None`` when accepted; ``"workflow_returned_none"`` when
-            rejected; one of :data:`engine.errors.FAILURE_REASONS` or
-            ``"cancelled"`` when failed.
-        error_type, error_message: the original exception, when failed.
-        data: the dataset item the episode ran on.
-        elapsed_s: seconds from start to end of the episode.
+        trajectory: when accepted, the trajectory TensorDict (batch ``[B]``: the
+            rows of every accepted group member, by sample index, with
+            ``group_id [B] int64`` and ``group_size [B] int32``); else ``None``.
+        reason: ``None`` when accepted.  Rejected: ``"workflow_returned_none"``,
+            ``"filtered"``, ``"filter_error"``, ``"filter_timeout"``,
+            ``"incomplete_group"``, ``"stale"``.  Failed: one of
+            :data:`engine.errors.FAILURE_REASONS` or ``"cancelled"``.
+        error_type, error_message: the original exception, when failed (or when
+            a filter raised).
+        member_errors: ``(sample_index, reason, error_type, error_message)`` for
+            group members that failed while the group was still accepted.
+        data: the dataset item.
+        elapsed_s: seconds from admission to the end of the episode.
     """
 
     task_id: int
@@ -87,14 +144,15 @@ class EpisodeResult:
     reason: str | None = None
     error_type: str | None = None
     error_message: str | None = None
+    member_errors: tuple[tuple[int, str, str, str], ...] = ()
     data: Any = field(default=None, repr=False)
     elapsed_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class EngineStatistics:
-    """A snapshot of the engine's accounting (``submitted == queued + running +
-    accepted + rejected + failed``)."""
+    """A snapshot of the engine (``submitted == queued + running + accepted +
+    rejected + failed`` always holds).  Buffer sizes are in trajectories."""
 
     submitted: int
     queued: int
@@ -105,9 +163,24 @@ class EngineStatistics:
     rejected_by_reason: dict[str, int]
     failed_by_reason: dict[str, int]
     results_waiting: int
+    buffer_size: int
+    buffer_peak: int
+    buffer_capacity: float
+    capacity: int
     version: int
+    paused: bool
+    generated_tokens: int
     backend: dict[str, Any]
     rewards: Any
+
+
+@dataclass(eq=False)
+class _Task:
+    task_id: int
+    workflow: Any
+    data: Any
+    should_accept_fn: Callable[..., Any] | None
+    group_size: int
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -115,6 +188,25 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+def _failed(task: _Task, exc: BaseException, reason: str | None = None) -> EpisodeResult:
+    return EpisodeResult(task.task_id, "failed", reason=reason or failure_reason(exc),
+                         error_type=type(exc).__name__, error_message=str(exc), data=task.data)
+
+
+def _cycle(dataloader: Iterable[Any]) -> Iterator[Any]:
+    """Items of ``dataloader`` forever (epochs); a yielded list/tuple is a batch."""
+    while True:
+        empty = True
+        for element in dataloader:
+            empty = False
+            if isinstance(element, (list, tuple)):
+                yield from element
+            else:
+                yield element
+        if empty:
+            raise ValueError("prepare_batch: the dataloader yielded no items")
 
 
 class RolloutEngine:
@@ -127,30 +219,38 @@ class RolloutEngine:
         self._jobs = jobs
         self.reward_pool = reward_pool
         self.config = config
-        self._limiter = trio.CapacityLimiter(config.max_concurrent_rollouts)
+        self._staleness = StalenessManager(config.max_concurrent_rollouts, config.consumer_batch_size,
+                                           config.max_head_offpolicyness, version=backend.version)
+        capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
+        self._buffer = ResultBuffer(capacity)
+        self._queue: collections.deque[_Task] = collections.deque()
+        self._admission = trio.lowlevel.ParkingLot()
+        self._unpaused = trio.Event()
+        self._unpaused.set()
         self._next_id = 0
+        self._live_ids: set[int] = set()  # submitted, not yet consumed
         self._closed = False
-        self._counts: Counter[str] = Counter()
-        self._rejected_by: Counter[str] = Counter()
-        self._failed_by: Counter[str] = Counter()
-        self._done: OrderedDict[int, EpisodeResult] = OrderedDict()  # completion order
-        self._pending: set[int] = set()
-        self._wakeup = trio.lowlevel.ParkingLot()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._rejected_by: collections.Counter[str] = collections.Counter()
+        self._failed_by: collections.Counter[str] = collections.Counter()
+        self._generated_tokens = 0
+        self._data_iters: dict[int, Iterator[Any]] = {}
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate a completion for ``req`` through the backend actor.
 
-        An interrupted generation (stop reason ``"abort"``, e.g. during a weight
-        update) is resumed by re-sending prompt + partial output with the budget
-        lowered; an abort that lands exactly at the budget is reported as
-        ``"length"`` with all tokens kept.  Cancelling the caller withdraws the
-        request from the backend.
+        Each segment waits while the engine is paused, then tags its tokens with
+        the version read before it is sent (AReaL PR #1569).  An interrupted
+        generation (stop reason ``"abort"``, e.g. during a weight update) is
+        resumed by re-sending prompt + partial output with the budget lowered; an
+        abort that lands exactly at the budget is reported as ``"length"`` with
+        all tokens kept.  Cancelling the caller withdraws the request.
 
         Raises:
             InvalidRequestError: the request is malformed or its budget is <= 0.
-            BackendError: the backend failed or its response broke the evidence
-                rules (``validate_response``).
+            BackendError: the backend failed, or its response broke the evidence
+                rules (:func:`engine.backends.base.validate_response`).
             trio.ClosedResourceError: the engine is closed.
         """
         if self._closed:
@@ -163,10 +263,8 @@ class RolloutEngine:
         start = trio.current_time()
         ttft = None
         while True:
-            segment_req = req if not tokens else ModelRequest(
-                rid=req.rid, input_ids=prompt + tokens, gconfig=req.gconfig, metadata=req.metadata,
-                tokenizer=req.tokenizer, image_data=req.image_data, processor=req.processor,
-            )
+            await self._unpaused.wait()
+            segment_req = req if not tokens else replace(req, input_ids=prompt + tokens)
             resp = await self._send_job(segment_req, budget - len(tokens))
             validate_response(resp, segment_req)
             if ttft is None:
@@ -174,6 +272,7 @@ class RolloutEngine:
             tokens += resp.output_tokens
             logprobs += resp.output_logprobs
             versions += resp.output_versions
+            self._generated_tokens += resp.output_len
             if len(tokens) > budget:
                 raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
             stop_reason = resp.stop_reason
@@ -196,167 +295,396 @@ class RolloutEngine:
                 await self._jobs.send(job)
                 result = await reply_recv.receive()
         except BaseException:
-            job.withdraw()  # withdraw: skipped if queued, interrupted if running
+            job.withdraw()  # skipped if still queued, interrupted if running
             raise
         return result.unwrap()
 
+    # -- version, pause ------------------------------------------------------------
     @property
     def version(self) -> int:
         """The current policy version (tokens generated now are tagged with it)."""
-        return self.backend.version
+        return self._staleness.version
 
     def set_version(self, version: int) -> None:
-        """Set the policy version tagged on tokens of segments sent from now on."""
+        """Set the policy version; wakes admission at once and re-checks the
+        staleness of buffered trajectories."""
         self.backend.version = version
+        self._staleness.version = version
+        self._recheck_buffer()
+        self._admission.unpark_all()
 
-    # -- episodes --------------------------------------------------------------
+    def restore(self, version: int) -> None:
+        """Resume after loading a checkpoint taken at ``version``: sets the version
+        and resets the staleness counter of accepted episodes to ``version * B``
+        (AReaL issue #1388)."""
+        self._staleness.restore(version)
+        self.set_version(version)
+
+    def pause(self) -> None:
+        """Stop starting episodes and sending new generation segments; segments in
+        flight finish."""
+        if self._unpaused.is_set():
+            self._unpaused = trio.Event()
+
+    def resume(self) -> None:
+        """Undo :meth:`pause`."""
+        self._unpaused.set()
+        self._admission.unpark_all()
+
+    @property
+    def paused(self) -> bool:
+        return not self._unpaused.is_set()
+
+    # -- submission and admission ----------------------------------------------------
     def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+               should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1,
                task_id: int | None = None) -> int:
-        """Start an episode of ``workflow`` on ``data``; returns its task id at once.
+        """Enqueue an episode of ``workflow`` on ``data``; returns its task id at once.
 
-        ``workflow`` is an instance, a class (with ``workflow_kwargs``), a dotted
-        path, or an object with ``async run(engine, data)``
-        (see :func:`workflows.resolve_workflow`).  At most
-        ``max_concurrent_rollouts`` episodes run; the rest queue in FIFO order.
+        Args:
+            workflow: an instance, a class (with ``workflow_kwargs``), a dotted
+                path, or an object with ``async run(engine, data)``
+                (:func:`workflows.resolve_workflow`).
+            should_accept_fn: ``(trajectory) -> bool``, sync or async; ``False``
+                rejects the episode (reason ``"filtered"``); raising or running past
+                ``should_accept_timeout_s`` rejects it (``"filter_error"`` /
+                ``"filter_timeout"``).  A sync filter runs in a thread, so a slow one
+                never stalls other episodes.
+            group_size: run the workflow this many times on ``data`` concurrently.
+            task_id: an explicit id (must be unused).
 
         Raises:
             WorkflowError: the workflow spec cannot be resolved.
-            ValueError: ``task_id`` is already in use.
+            ValueError: ``group_size < 1`` or ``task_id`` is in use.
             trio.ClosedResourceError: the engine is closed.
         """
         from workflows.base import resolve_workflow
 
         if self._closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         wf = resolve_workflow(workflow, workflow_kwargs)
         if task_id is None:
             task_id = self._next_id
-        if task_id in self._pending or task_id in self._done:
+        elif task_id in self._live_ids:
             raise ValueError(f"task_id {task_id} is already in use")
         self._next_id = max(self._next_id, task_id + 1)
-        self._pending.add(task_id)
+        self._live_ids.add(task_id)
+        self._queue.append(_Task(task_id, wf, data, should_accept_fn, group_size))
         self._counts["submitted"] += 1
         self._counts["queued"] += 1
-        self._nursery.start_soon(self._run_episode, task_id, wf, data, name=f"episode-{task_id}")
+        self._admission.unpark_all()
         return task_id
 
-    async def _run_episode(self, task_id: int, workflow: Any, data: Any) -> None:
-        started = False
-        start = trio.current_time()
-        try:
-            async with self._limiter:
+    async def _admit_forever(self) -> None:
+        """Start queued episodes whenever capacity allows (the admission actor)."""
+        while True:
+            while self._queue and not self.paused and self._staleness.capacity() > 0:
+                task = self._queue.popleft()
                 self._counts["queued"] -= 1
                 self._counts["running"] += 1
-                started = True
-                start = trio.current_time()
-                try:
-                    traj = await workflow.arun_episode(self, data)
-                except Exception as exc:
-                    leaf = _leaf(exc)
-                    result = EpisodeResult(task_id, "failed", reason=failure_reason(leaf),
-                                           error_type=type(leaf).__name__, error_message=str(leaf), data=data)
-                    logger.warning("episode %s failed (%s): %s: %s", task_id, result.reason,
-                                   result.error_type, result.error_message)
-                else:
-                    if traj is None:
-                        result = EpisodeResult(task_id, "rejected", reason="workflow_returned_none", data=data)
-                    elif not isinstance(traj, TensorDict) or traj.batch_dims != 1:
-                        result = EpisodeResult(
-                            task_id, "failed", reason="workflow_error", error_type="TypeError",
-                            error_message=f"arun_episode returned {type(traj).__name__}, expected a TensorDict "
-                                          "with batch size [B] or None", data=data)
-                    else:
-                        result = EpisodeResult(task_id, "accepted", trajectory=traj, data=data)
+                self._staleness.running += 1
+                self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
+            await self._admission.park()
+
+    # -- one episode -------------------------------------------------------------------
+    async def _run_episode(self, task: _Task) -> None:
+        start = trio.current_time()
+        result: EpisodeResult | None = None
+        try:
+            result = await self._episode_result(task)
+            result = replace(self._check_staleness(result), elapsed_s=trio.current_time() - start)
+            await self._buffer.put(result)  # backpressure: wait for room
         except trio.Cancelled:
-            self._finish(EpisodeResult(task_id, "failed", reason="cancelled", error_type="Cancelled",
-                                       error_message="the episode was cancelled", data=data,
-                                       elapsed_s=trio.current_time() - start), started)
+            if result is None:  # unfinished work is cancelled; finished work is kept
+                result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+                                       error_message="the episode was cancelled", data=task.data,
+                                       elapsed_s=trio.current_time() - start)
+            self._buffer._put_now(result, ResultBuffer._rows(result))
+            self._ended(result, was_running=True)
             raise
-        self._finish(EpisodeResult(**{**result.__dict__, "elapsed_s": trio.current_time() - start}), started)
+        self._ended(result, was_running=True)
 
-    def _finish(self, result: EpisodeResult, started: bool) -> None:
-        self._counts["running" if started else "queued"] -= 1
-        self._counts[result.status] += 1
-        if result.status == "rejected":
-            self._rejected_by[result.reason] += 1
-        elif result.status == "failed":
-            self._failed_by[result.reason] += 1
-        self._pending.discard(result.task_id)
-        self._done[result.task_id] = result
-        self._wakeup.unpark_all()
+    async def _episode_result(self, task: _Task) -> EpisodeResult:
+        outcomes: list[Any] = [None] * task.group_size
 
-    # -- results -------------------------------------------------------------------
+        async def member(i: int) -> None:
+            sample_index.set(i)  # task-local: each member runs in its own task (or context)
+            try:
+                outcomes[i] = await task.workflow.arun_episode(self, task.data)
+            except Exception as exc:
+                outcomes[i] = _leaf(exc)
+
+        if task.group_size == 1:
+            await member(0)  # the episode task's own context
+        else:
+            async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
+                for i in range(task.group_size):
+                    nursery.start_soon(member, i)
+
+        trajs, errors, rejected = [], [], 0
+        for i, out in enumerate(outcomes):
+            if isinstance(out, BaseException):
+                errors.append((i, out))
+            elif out is None:
+                rejected += 1
+            elif not isinstance(out, TensorDict) or out.batch_dims != 1:
+                errors.append((i, TypeError(f"arun_episode returned {type(out).__name__}, expected a "
+                                            "TensorDict with batch size [B] or None")))
+            else:
+                trajs.append(out)
+        if errors:
+            i, exc = errors[0]
+            logger.warning("episode %s sample %s failed: %s: %s", task.task_id, i, type(exc).__name__, exc)
+        if not trajs:
+            if errors:
+                return _failed(task, errors[0][1])
+            return EpisodeResult(task.task_id, "rejected", reason="workflow_returned_none", data=task.data)
+        complete = not errors and not rejected
+        if not complete and self.config.drop_incomplete_group:
+            return EpisodeResult(task.task_id, "rejected", reason="incomplete_group", data=task.data)
+        try:
+            traj = self._finish_group(task, trajs, complete)
+        except ValueError as exc:  # members with different key sets/dtypes
+            return _failed(task, exc, reason="workflow_error")
+        member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
+        if task.should_accept_fn is not None:
+            reason, exc = await self._run_filter(task.should_accept_fn, traj)
+            if reason is not None:
+                return EpisodeResult(task.task_id, "rejected", reason=reason, data=task.data,
+                                     error_type=type(exc).__name__ if exc else None,
+                                     error_message=str(exc) if exc else None)
+        return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
+
+    def _finish_group(self, task: _Task, trajs: list[TensorDict], complete: bool) -> TensorDict:
+        traj = trajs[0] if len(trajs) == 1 else concat_padded_tensors(trajs)
+        rows = traj.batch_size[0]
+        traj = traj.clone(recurse=False)
+        traj["group_id"] = torch.full((rows,), task.task_id, dtype=torch.int64)  # [B]
+        traj["group_size"] = torch.full((rows,), rows, dtype=torch.int32)  # [B]
+        if self.config.reward_normalization and "rewards" in traj.keys():
+            raw = traj["rewards"]  # [B] float32
+            traj["original_rewards"] = raw.clone()
+            if complete:  # AReaL: population std + 1e-8
+                traj["rewards"] = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
+        if self.config.staleness_policy == "flag" and self.config.max_head_offpolicyness is not None:
+            traj["is_stale"] = torch.zeros(rows, dtype=torch.bool)  # [B]
+        return traj
+
+    async def _run_filter(self, fn: Callable[..., Any], traj: TensorDict) -> tuple[str | None, Exception | None]:
+        """Run ``should_accept_fn`` under its deadline -> (rejection reason or None, error)."""
+        with trio.move_on_after(self.config.should_accept_timeout_s) as scope:
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    ok = await fn(traj)
+                else:
+                    ok = await trio.to_thread.run_sync(fn, traj, abandon_on_cancel=True)
+            except Exception as exc:
+                return "filter_error", exc
+        if scope.cancelled_caught:
+            return "filter_timeout", None
+        return (None, None) if ok else ("filtered", None)
+
+    # -- staleness -------------------------------------------------------------------------
+    def _is_stale(self, traj: TensorDict) -> torch.Tensor:
+        """[B] bool: oldest generated token more than eta versions behind."""
+        eta = self.config.max_head_offpolicyness
+        versions = traj["versions"]  # [B, T] int32, -1 on prompt and padding
+        generated = (traj["loss_mask"] > 0) & traj["attention_mask"]  # [B, T]
+        big = torch.iinfo(versions.dtype).max
+        oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
+        return (oldest != big) & (self.version - oldest > eta)
+
+    def _check_staleness(self, result: EpisodeResult) -> EpisodeResult:
+        traj = result.trajectory
+        if traj is None or self.config.max_head_offpolicyness is None or "versions" not in traj.keys():
+            return result
+        stale = self._is_stale(traj)
+        if self.config.staleness_policy == "flag":
+            traj["is_stale"] = stale
+            return result
+        if bool(stale.any()):
+            return replace(result, status="rejected", trajectory=None, reason="stale")
+        return result
+
+    def _recheck_buffer(self) -> None:
+        """After a version change: drop or flag trajectories that turned stale."""
+        if self.config.max_head_offpolicyness is None:
+            return
+        for result in self._buffer.results():
+            if result.trajectory is None:
+                continue
+            checked = self._check_staleness(result)
+            if checked.status != result.status:  # accepted -> rejected (stale)
+                self._buffer.replace(result.task_id, checked)
+                self._reclassify(result, checked)
+
+    # -- accounting ------------------------------------------------------------------------
+    def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
+        self._counts["running" if was_running else "queued"] -= 1
+        if was_running:
+            self._staleness.running -= 1
+        self._count_end(result, +1)
+        self._admission.unpark_all()
+
+    def _count_end(self, result: EpisodeResult, sign: int) -> None:
+        self._counts[result.status] += sign
+        if result.status == "accepted":
+            self._staleness.accepted += sign
+        elif result.status == "rejected":
+            self._rejected_by[result.reason] += sign
+        else:
+            self._failed_by[result.reason] += sign
+
+    def _reclassify(self, old: EpisodeResult, new: EpisodeResult) -> None:
+        self._count_end(old, -1)
+        self._count_end(new, +1)
+        self._admission.unpark_all()
+
+    # -- results -----------------------------------------------------------------------------
+    def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
+        for r in results:
+            self._live_ids.discard(r.task_id)
+        return results
+
+    async def _wait_for(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            await self._buffer.wait_until(predicate)
+        if not predicate():
+            raise TimeoutError(f"{what} within {timeout} s")
+
     async def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
-        """Wait until ``count`` episodes have ended (accepted or not) and return
-        their records, oldest completion first; they are consumed.
+        """Wait until ``count`` episodes have ended (accepted or not) and take their
+        records, oldest completion first.
 
         Raises:
-            TimeoutError: ``timeout`` seconds passed first; nothing is consumed, so
-                a later call still gets every result.
-            ValueError: ``count`` is negative or more than could ever complete.
+            TimeoutError: ``timeout`` seconds passed first; nothing is consumed.
+            ValueError: ``count`` is negative or more than could ever end.
         """
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        if count > len(self._done) + len(self._pending):
-            raise ValueError(f"count={count} but only {len(self._done) + len(self._pending)} episodes "
-                             "are running or unconsumed")
-        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
-            while len(self._done) < count:
-                await self._wakeup.park()
-        if scope.cancelled_caught:
-            raise TimeoutError(f"{len(self._done)} of {count} episodes ended within {timeout} s")
-        return [self._done.popitem(last=False)[1] for _ in range(count)]
+        if count > len(self._live_ids):
+            raise ValueError(f"count={count} but only {len(self._live_ids)} episodes are pending or unconsumed")
+        await self._wait_for(lambda: len(self._buffer) >= count, timeout,
+                             f"fewer than {count} episodes ended")
+        return self._take([self._buffer.pop_oldest() for _ in range(count)])
 
     async def wait(self, count: int, timeout: float | None = None) -> list[TensorDict | None]:
-        """AReaL's ``wait``: ``count`` completions, oldest first, trajectories of
-        accepted episodes and ``None`` for rejected or failed ones."""
+        """AReaL's ``wait``: ``count`` completions, oldest first; the trajectory of
+        each accepted episode, ``None`` for rejected or failed ones."""
         return [r.trajectory for r in await self.wait_results(count, timeout)]
 
-    async def rollout_batch(self, items: Iterable[Any], workflow: Any,
-                            workflow_kwargs: dict[str, Any] | None = None) -> TensorDict:
-        """Submit every item, wait for all, and return the accepted trajectories
-        concatenated into one padded batch (:func:`engine.data.concat_padded_tensors`)."""
-        from workflows.base import resolve_workflow
-
-        wf = resolve_workflow(workflow, workflow_kwargs)
-        ids = [self.submit(item, wf) for item in items]
-        results = [await self.wait_for_task(i) for i in ids]
-        return concat_padded_tensors([r.trajectory for r in results if r.status == "accepted"])
-
     async def wait_for_task(self, task_id: int, timeout: float | None = None) -> EpisodeResult:
-        """Wait for one episode and consume its record.
+        """Wait for one episode and take its record.
 
         Raises:
             ValueError: ``task_id`` is unknown or was already consumed.
             TimeoutError: ``timeout`` seconds passed first (the record stays).
         """
-        if task_id not in self._pending and task_id not in self._done:
+        if task_id not in self._live_ids:
             raise ValueError(f"task_id {task_id} is unknown or already consumed")
+        await self._wait_for(lambda: task_id in self._buffer, timeout, f"task {task_id} did not end")
+        return self._take([self._buffer.pop(task_id)])[0]
+
+    async def rollout_batch(self, items: Iterable[Any], workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+                            should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1) -> TensorDict:
+        """Submit every item, wait for all of them, and return the accepted
+        trajectories concatenated (:func:`engine.data.concat_padded_tensors`), in
+        submission order.  Rejected and failed episodes are left out."""
+        from workflows.base import resolve_workflow
+
+        wf = resolve_workflow(workflow, workflow_kwargs)
+        ids = [self.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
+        pos = 0
+
+        def all_ended() -> bool:  # amortised O(len(ids)) over all wake-ups
+            nonlocal pos
+            while pos < len(ids) and ids[pos] in self._buffer:
+                pos += 1
+            return pos == len(ids)
+
+        await self._buffer.wait_until(all_ended)
+        results = self._take([self._buffer.pop(i) for i in ids])
+        return concat_padded_tensors([r.trajectory for r in results if r.status == "accepted"])
+
+    async def prepare_batch(self, dataloader: Iterable[Any], workflow: Any,
+                            workflow_kwargs: dict[str, Any] | None = None,
+                            should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1,
+                            dynamic_bs: bool = False, timeout: float | None = None) -> TensorDict:
+        """The asynchronous path (AReaL ``prepare_batch``): keep up to
+        ``(eta + 1) * B`` episodes enqueued or running ahead of training, and return
+        once ``B`` accepted results are ready (with ``dynamic_bs``, once ``B`` have
+        ended, returning the accepted among them).  Results are taken oldest first;
+        the dataloader is cycled across calls (epochs).
+
+        Returns:
+            The padded batch of the accepted trajectories (``B`` episodes, times
+            their group sizes, rows).
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed; nothing is consumed.
+            ValueError: the dataloader yields no items.
+        """
+        from workflows.base import resolve_workflow
+
+        B = self.config.consumer_batch_size
+        eta = self.config.max_head_offpolicyness
+        ahead = (eta + 1) * B if eta is not None else max(B, self.config.max_concurrent_rollouts)
+        wf = resolve_workflow(workflow, workflow_kwargs)
+        items = self._data_iters.setdefault(id(dataloader), _cycle(dataloader))
+
+        def ready() -> bool:
+            return (len(self._buffer) if dynamic_bs else self._buffer.accepted_results) >= B
+
         with trio.move_on_after(math.inf if timeout is None else timeout):
-            while task_id not in self._done:
-                await self._wakeup.park()
-        if task_id not in self._done:
-            raise TimeoutError(f"task {task_id} did not end within {timeout} s")
-        return self._done.pop(task_id)
+            while not ready():
+                while self._counts["queued"] + self._counts["running"] < ahead:
+                    self.submit(next(items), wf, should_accept_fn=should_accept_fn, group_size=group_size)
+                await self._buffer.wait_until(lambda: ready() or self._counts["queued"] + self._counts["running"] < ahead)
+        if not ready():
+            raise TimeoutError(f"prepare_batch: fewer than {B} results within {timeout} s")
+        taken: list[EpisodeResult] = []
+        accepted = 0
+        while (len(taken) < B) if dynamic_bs else (accepted < B):
+            taken.append(self._buffer.pop_oldest())
+            accepted += taken[-1].status == "accepted"
+        self._take(taken)
+        return concat_padded_tensors([r.trajectory for r in taken if r.status == "accepted"])
 
     def statistics(self) -> EngineStatistics:
-        """A frozen snapshot of the accounting; sync and cheap."""
+        """A frozen snapshot; sync and cheap."""
         c = self._counts
         return EngineStatistics(
             submitted=c["submitted"], queued=c["queued"], running=c["running"], accepted=c["accepted"],
-            rejected=c["rejected"], failed=c["failed"], rejected_by_reason=dict(self._rejected_by),
-            failed_by_reason=dict(self._failed_by), results_waiting=len(self._done), version=self.version,
-            backend=self.backend.statistics(),
+            rejected=c["rejected"], failed=c["failed"],
+            rejected_by_reason={k: v for k, v in self._rejected_by.items() if v},
+            failed_by_reason={k: v for k, v in self._failed_by.items() if v},
+            results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
+            buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(), version=self.version,
+            paused=self.paused, generated_tokens=self._generated_tokens, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
         )
+
+    def _close(self) -> None:
+        """Mark closed; episodes never admitted end as failed (``"cancelled"``)."""
+        self._closed = True
+        while self._queue:
+            task = self._queue.popleft()
+            result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+                                   error_message="the engine closed before the episode started", data=task.data)
+            self._buffer._put_now(result, 0)
+            self._ended(result, was_running=False)
 
 
 @asynccontextmanager
 async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | None = None, *,
                               reward_pool: Any = None) -> AsyncIterator[RolloutEngine]:
-    """Open an engine: backend actor, reward worker pool and episode tasks live in
-    this scope.  Leaving it cancels episodes still running (recorded as failed,
-    reason ``"cancelled"``), stops the backend actor and the reward workers.
+    """Open an engine: the backend actor, the admission actor, the reward worker
+    pool and every episode task live in this scope.  Leaving it cancels episodes
+    still running or queued (recorded as failed, reason ``"cancelled"``; finished
+    trajectories are kept), withdraws their generation requests, kills their
+    reward jobs, and stops the backend.
 
     Args:
         backend: an :class:`InferenceBackend` (``SimBackend``, ``HFBackend``, ...).
@@ -371,18 +699,21 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
 
     config = config or EngineConfig()
     async with _maybe_pool(reward_pool, config, open_reward_pool) as pool:
-        async with trio.open_nursery() as nursery:
-            jobs_send, jobs_recv = trio.open_memory_channel(config.max_concurrent_rollouts)
-            await nursery.start(backend.run, jobs_recv)
-            engine = RolloutEngine(nursery, backend, jobs_send, pool, config)
-            try:
-                yield engine
-            finally:
-                engine._closed = True
-                nursery.cancel_scope.cancel()
-                jobs_send.close()
-        with trio.CancelScope(shield=True):
-            await backend.aclose()
+        try:
+            async with trio.open_nursery() as nursery:
+                jobs_send, jobs_recv = trio.open_memory_channel(config.max_concurrent_rollouts)
+                await nursery.start(backend.run, jobs_recv)
+                engine = RolloutEngine(nursery, backend, jobs_send, pool, config)
+                nursery.start_soon(engine._admit_forever, name="admission")
+                try:
+                    yield engine
+                finally:
+                    engine._close()
+                    nursery.cancel_scope.cancel()
+                    jobs_send.close()
+        finally:
+            with trio.CancelScope(shield=True):
+                await backend.aclose()
 
 
 @asynccontextmanager

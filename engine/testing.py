@@ -1,0 +1,160 @@
+"""Offline helpers for testing workflows: a byte-level tokenizer and a tiny random model.
+
+Nothing here touches the network; everything is deterministic across processes.
+
+::
+
+    from engine.testing import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()                        # 261 tokens, ChatML template
+    path = build_tiny_model(tmp_path / "tiny")          # HF folder: config, weights, tokenizer
+    # then use `path` wherever a model spec is accepted (a local directory)
+
+Tokenizer ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<|im_start|>`` 3, ``<|im_end|>`` 4,
+then byte ``b`` is id ``b + 5`` (no merges: one token per UTF-8 byte, so ids are easy to
+reason about). ``eos_token`` is ``<|im_end|>`` (4): chat turns end with it, so a
+generation config built with ``new_with_stop_and_pad_token_ids`` stops there; ``pad_token``
+is ``<pad>`` (0); ``<eos>`` (2) is an ordinary special token that stops nothing.
+Padding is on the left (for batched generation).
+
+The model is a random ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) of ~0.1M parameters:
+wire, abort, logprob and padding tests run in milliseconds on CPU; its text is noise. Its
+weights are drawn with std 0.2 (not the usual 0.02) so that next-token distributions are
+far from flat: a near-uniform model would give every token the same log-prob and hide an
+off-by-one between tokens and log-probs. Greedy output may hit ``<|im_end|>`` early; pass
+``ignore_eos`` or a fixed budget where a test needs a length.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from engine.models import _atomic_build
+
+__all__ = [
+    "TINY_BOS_ID",
+    "TINY_EOS_ID",
+    "TINY_PAD_ID",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+]
+
+_SPECIALS = ("<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>")
+TINY_PAD_ID = 0
+TINY_BOS_ID = 1
+TINY_EOS_ID = 4  # <|im_end|>
+
+#: ChatML without a default system prompt.
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_ARCHS = ("llama", "qwen2")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, in a fixed order.
+
+    (``tokenizers.pre_tokenizers.ByteLevel.alphabet()`` returns the same characters in a
+    different order in every process, so it must not be used to assign ids.)
+    """
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def build_tiny_tokenizer():
+    """A deterministic byte-level ``PreTrainedTokenizerFast`` with a ChatML chat template.
+
+    See the module docstring for the ids. ``len(tokenizer) == 261``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {s: i for i, s in enumerate(_SPECIALS)}
+    vocab |= {ch: b + len(_SPECIALS) for b, ch in _bytes_to_unicode().items()}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))  # no merges: pure bytes
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(_SPECIALS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<bos>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        additional_special_tokens=["<eos>", "<|im_start|>"],
+        padding_side="left",
+        model_max_length=2048,
+    )
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(path: str | os.PathLike[str], *, seed: int = 0, arch: str = "llama") -> str:
+    """Write a tiny random causal LM with the tiny tokenizer to ``path``; return ``str(path)``.
+
+    ``arch`` is ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``):
+    vocab 261, hidden 64, 2 layers, 4 heads, 2 kv heads, intermediate 128, tied embeddings,
+    float32, max 2048 positions.
+
+    For ``"qwen2"`` note that transformers 5 ignores ``tokenizer_class`` for this model type
+    and ``AutoTokenizer`` loads the folder as ``Qwen2Tokenizer``: it appends
+    ``<|endoftext|>`` as id 261 (so the model's vocab is 262, larger than
+    ``len(build_tiny_tokenizer())`` as in real Qwen checkpoints) and NFC-normalizes text
+    (decomposed accents then encode differently); plain text and chat prompts give the same
+    ids as :func:`build_tiny_tokenizer`. The weights depend only on ``seed`` (and the torch
+    version): two builds give byte-identical ``model.safetensors``. Idempotent: a complete
+    folder at ``path`` is returned untouched (note: whatever its seed/arch). The folder
+    appears atomically; ``path`` must not exist or be an empty directory.
+    """
+    if arch not in _ARCHS:
+        raise ValueError(f"arch: expected one of {_ARCHS}, got {arch!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int, got {seed!r}")
+    dest = _atomic_build(Path(path), lambda tmp: _write_tiny_model(tmp, seed=seed, arch=arch))
+    return str(dest)
+
+
+def _write_tiny_model(out: Path, *, seed: int, arch: str) -> dict:
+    import torch
+    from transformers import GenerationConfig
+
+    tokenizer = build_tiny_tokenizer()
+    shape = dict(
+        # qwen2: AutoTokenizer loads the folder as Qwen2Tokenizer, which appends <|endoftext|> (261)
+        vocab_size=len(tokenizer) + (1 if arch == "qwen2" else 0),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        initializer_range=0.2,  # spread logits: log-probs differ by token (std ~1.7 nats)
+        bos_token_id=TINY_BOS_ID,
+        eos_token_id=TINY_EOS_ID,
+        pad_token_id=TINY_PAD_ID,
+    )
+    if arch == "llama":
+        from transformers import LlamaConfig as Config, LlamaForCausalLM as Model
+    else:
+        from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
+    config = Config(**shape, dtype="float32")
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
+        torch.manual_seed(seed)
+        with torch.device("cpu"):
+            model = Model(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=TINY_BOS_ID, eos_token_id=TINY_EOS_ID, pad_token_id=TINY_PAD_ID
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"kind": "tiny-random", "arch": arch, "seed": seed}

@@ -1,0 +1,184 @@
+"""A blocking facade for ordinary (synchronous) training loops.
+
+::
+
+    with RolloutEngineThread(HFBackend(model_dir), EngineConfig(consumer_batch_size=8)) as engine:
+        for step in range(steps):
+            batch = engine.prepare_batch(dataloader, workflow)   # blocks; generation runs ahead
+            train(batch)
+            engine.set_version(step + 1)
+
+The trio loop runs in a background thread that owns the engine (its nursery,
+backend actor and reward pool).  Every method hops into that loop with
+``trio.from_thread`` and blocks until it returns, so the object is thread-safe:
+several trainer threads may call it at once.  Errors raised inside the loop are
+re-raised in the caller with their original type and traceback; if the loop
+itself died, calls raise :class:`RuntimeError` whose ``__cause__`` is the error
+that killed it.  :meth:`close` (or leaving the ``with`` block) cancels what is
+still running, stops the workers and joins the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import trio
+
+from .backends.base import InferenceBackend
+from .executor import EngineConfig, EngineStatistics, EpisodeResult, open_rollout_engine
+from .types import ModelRequest, ModelResponse
+
+__all__ = ["RolloutEngineThread"]
+
+
+class RolloutEngineThread:
+    """The engine's API as blocking, thread-safe methods (see the module docstring).
+
+    Args:
+        backend, config, reward_pool: as for :func:`engine.open_rollout_engine`.
+        start_timeout_s: seconds :meth:`start` waits for the engine to come up
+            (model loading included).
+
+    Raises (from :meth:`start`): :class:`RuntimeError` (cause attached) when the
+    engine fails to start or does not start in time.
+    """
+
+    def __init__(self, backend: InferenceBackend, config: EngineConfig | None = None, *,
+                 reward_pool: Any = None, start_timeout_s: float = 600.0) -> None:
+        self._backend, self._config, self._pool = backend, config, reward_pool
+        self._start_timeout_s = start_timeout_s
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._engine: Any = None
+        self._error: BaseException | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> RolloutEngineThread:
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("RolloutEngineThread.start() called twice")
+            self._thread = threading.Thread(target=self._thread_main, name="trio-rollout-engine", daemon=True)
+            self._thread.start()
+        if not self._ready.wait(self._start_timeout_s):
+            raise RuntimeError(f"the rollout engine did not start within {self._start_timeout_s} s")
+        if self._engine is None:
+            self._thread.join()
+            raise RuntimeError("the rollout engine failed to start") from self._error
+        return self
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported to callers, never lost
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        async with open_rollout_engine(self._backend, self._config, reward_pool=self._pool) as engine:
+            self._stop = trio.Event()
+            self._token = trio.lowlevel.current_trio_token()
+            self._engine = engine
+            self._ready.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        """Cancel what is still running, stop workers and join the thread.  Idempotent.
+
+        Raises:
+            RuntimeError: the loop had died with an error (attached as the cause).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread is None:
+            return
+        if self._token is not None:
+            try:
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError("the rollout engine loop stopped with an error") from self._error
+
+    def __enter__(self) -> RolloutEngineThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- hopping into the loop ------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the rollout engine is closed")
+        if self._engine is None:
+            raise RuntimeError("the rollout engine is not started (use start() or a with block)")
+
+    def _run(self, async_fn: Callable[..., Any], *args: Any) -> Any:
+        self._check()
+        try:
+            return trio.from_thread.run(async_fn, *args, trio_token=self._token)
+        except trio.RunFinishedError as exc:
+            raise RuntimeError("the rollout engine loop is not running") from (self._error or exc)
+
+    def _run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._check()
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        except trio.RunFinishedError as exc:
+            raise RuntimeError("the rollout engine loop is not running") from (self._error or exc)
+
+    # -- the engine's API, blocking ----------------------------------------------------------
+    def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+               should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1,
+               task_id: int | None = None) -> int:
+        """See :meth:`engine.RolloutEngine.submit`."""
+        return self._run_sync(lambda: self._engine.submit(data, workflow, workflow_kwargs, should_accept_fn,
+                                                          group_size, task_id))
+
+    def wait(self, count: int, timeout: float | None = None) -> list[Any]:
+        """See :meth:`engine.RolloutEngine.wait`."""
+        return self._run(self._engine.wait, count, timeout)
+
+    def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
+        return self._run(self._engine.wait_results, count, timeout)
+
+    def wait_for_task(self, task_id: int, timeout: float | None = None) -> EpisodeResult:
+        return self._run(self._engine.wait_for_task, task_id, timeout)
+
+    def rollout_batch(self, items: Iterable[Any], workflow: Any, **kwargs: Any) -> Any:
+        return self._run(lambda: self._engine.rollout_batch(list(items), workflow, **kwargs))
+
+    def prepare_batch(self, dataloader: Iterable[Any], workflow: Any, **kwargs: Any) -> Any:
+        return self._run(lambda: self._engine.prepare_batch(dataloader, workflow, **kwargs))
+
+    def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Blocking ``agenerate`` (for scripts; episodes should run in workflows)."""
+        return self._run(self._engine.agenerate, req)
+
+    def set_version(self, version: int) -> None:
+        self._run_sync(self._engine.set_version, version)
+
+    def restore(self, version: int) -> None:
+        self._run_sync(self._engine.restore, version)
+
+    def pause(self) -> None:
+        self._run_sync(self._engine.pause)
+
+    def resume(self) -> None:
+        self._run_sync(self._engine.resume)
+
+    @property
+    def version(self) -> int:
+        return self._run_sync(lambda: self._engine.version)
+
+    def statistics(self) -> EngineStatistics:
+        return self._run_sync(self._engine.statistics)

@@ -48,6 +48,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -74,7 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=_positive_int, default=None, help="use the first N rows of the dataset")
     run.add_argument("--seed", type=int, default=0, help="seed for torch and the sim backend (default 0)")
     run.add_argument("--out", type=Path, default=Path("rollout-out"), help="output folder (default ./rollout-out)")
-    run.add_argument("--reward-timeout", type=_non_negative_float, default=15.0,
+    run.add_argument("--group-size", type=_positive_int, default=1,
+                     help="episodes per prompt run concurrently as one group (default 1)")
+    run.add_argument("--consumer-batch-size", type=_positive_int, default=None,
+                     help="episodes per (simulated) training step: after each B accepted episodes are taken, "
+                          "the policy version is bumped, as a trainer would")
+    run.add_argument("--max-head-offpolicyness", type=_non_negative_int, default=None,
+                     help="how many versions generation may run ahead (needs --consumer-batch-size)")
+    run.add_argument("--dump-dir", type=Path, default=None,
+                     help="also write one JSONL record per trajectory under DIR/<version>/")
+    run.add_argument("--reward-timeout", type=_positive_float, default=15.0,
                      help="seconds per reward attempt before its worker is killed (default 15)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -140,17 +166,22 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from .executor import EngineConfig, open_rollout_engine
     from .types import GenerationHyperparameters
 
+    if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
+        raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     items = load_dataset(args.dataset, args.limit)
     tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0)
     workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
-    config = EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout or 15.0)
+    config = EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
+                          consumer_batch_size=args.consumer_batch_size or 1,
+                          max_head_offpolicyness=args.max_head_offpolicyness,
+                          dump_dir=str(args.dump_dir) if args.dump_dir else None)
     start = time.perf_counter()
-    async with open_rollout_engine(backend, config) as engine:
+    async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
         for item in items:
-            engine.submit(item, workflow)
-        results = await _collect(engine, len(items), quiet=args.quiet)
+            engine.submit(item, workflow, group_size=args.group_size)
+        results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)
         stats = engine.statistics()
     wall = time.perf_counter() - start
     results.sort(key=lambda r: r.task_id)
@@ -179,6 +210,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model or ("builtin:smollm2" if args.backend == "hf" else "builtin:tiny-tokenizer"),
         "dataset": args.dataset,
         "n_samples": args.n_samples,
+        "group_size": args.group_size,
+        "final_version": stats.version,
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "logprob_semantics": backend.logprob_semantics,
@@ -188,19 +221,30 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-async def _collect(engine: Any, total: int, *, quiet: bool) -> list[Any]:
-    """Wait for every episode, showing a progress bar unless ``quiet``."""
+async def _collect(engine: Any, total: int, *, quiet: bool, step_every: int | None) -> list[Any]:
+    """Take every result as it ends, with live progress unless ``quiet``.  With
+    ``step_every = B``, bump the policy version after each B accepted results, as
+    a trainer consuming batches would."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     results: list[Any] = []
+    since_step = 0
+    start = time.perf_counter()
     with Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}"), disable=quiet, transient=False) as progress:
         bar = progress.add_task("episodes", total=total, info="")
         while len(results) < total:
-            results += await engine.wait_results(1)
+            got = await engine.wait_results(1)
+            results += got
+            since_step += sum(r.status == "accepted" for r in got)
+            if step_every and since_step >= step_every:
+                since_step -= step_every
+                engine.set_version(engine.version + 1)
             s = engine.statistics()
+            rate = s.generated_tokens / max(time.perf_counter() - start, 1e-9)
             progress.update(bar, completed=len(results),
-                            info=f"accepted {s.accepted} rejected {s.rejected} failed {s.failed}")
+                            info=f"ok {s.accepted} rej {s.rejected} fail {s.failed} | in flight {s.running} "
+                                 f"| {rate:.0f} tok/s | v{s.version}")
     return results
 
 

@@ -44,6 +44,7 @@ from tensordict import TensorDict
 from .backends.base import GenerationJob, InferenceBackend, validate_response
 from .buffer import ResultBuffer
 from .data import concat_padded_tensors
+from .dump import TrajectoryDumper
 from .errors import BackendError, failure_reason
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
@@ -81,6 +82,8 @@ class EngineConfig:
         reward_normalization: z-score ``rewards`` within a complete group
             (population std + 1e-8, AReaL) and keep raw values as ``original_rewards``.
         should_accept_timeout_s: deadline of ``should_accept_fn`` (seconds).
+        dump_dir: when set, every accepted trajectory is also written as a JSONL
+            record under ``dump_dir/<version>/`` (:mod:`engine.dump`).
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
         reward_worker_type: the reward pool's policy (see :mod:`rewards`).
     """
@@ -93,6 +96,7 @@ class EngineConfig:
     drop_incomplete_group: bool = False
     reward_normalization: bool = False
     should_accept_timeout_s: float = 30.0
+    dump_dir: str | None = None
     reward_timeout_seconds: float = 15.0
     reward_max_retries: int = 3
     reward_max_workers: int | None = None
@@ -213,14 +217,15 @@ class RolloutEngine:
     """Created by :func:`open_rollout_engine`; do not instantiate directly."""
 
     def __init__(self, nursery: trio.Nursery, backend: InferenceBackend, jobs: trio.MemorySendChannel,
-                 reward_pool: Any, config: EngineConfig) -> None:
+                 reward_pool: Any, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
         self._nursery = nursery
+        self._dumper = dumper
         self.backend = backend
         self._jobs = jobs
         self.reward_pool = reward_pool
         self.config = config
         self._staleness = StalenessManager(config.max_concurrent_rollouts, config.consumer_batch_size,
-                                           config.max_head_offpolicyness, version=backend.version)
+                                           config.max_head_offpolicyness)
         capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
         self._buffer = ResultBuffer(capacity)
         self._queue: collections.deque[_Task] = collections.deque()
@@ -302,14 +307,14 @@ class RolloutEngine:
     # -- version, pause ------------------------------------------------------------
     @property
     def version(self) -> int:
-        """The current policy version (tokens generated now are tagged with it)."""
-        return self._staleness.version
+        """The current policy version, owned by the backend (tokens generated now
+        are tagged with it)."""
+        return self.backend.version
 
     def set_version(self, version: int) -> None:
         """Set the policy version; wakes admission at once and re-checks the
         staleness of buffered trajectories."""
         self.backend.version = version
-        self._staleness.version = version
         self._recheck_buffer()
         self._admission.unpark_all()
 
@@ -380,7 +385,7 @@ class RolloutEngine:
     async def _admit_forever(self) -> None:
         """Start queued episodes whenever capacity allows (the admission actor)."""
         while True:
-            while self._queue and not self.paused and self._staleness.capacity() > 0:
+            while self._queue and not self.paused and self._staleness.capacity(self.version) > 0:
                 task = self._queue.popleft()
                 self._counts["queued"] -= 1
                 self._counts["running"] += 1
@@ -527,6 +532,8 @@ class RolloutEngine:
             self._staleness.running -= 1
         self._count_end(result, +1)
         self._admission.unpark_all()
+        if self._dumper is not None and result.status == "accepted":
+            self._dumper.record(result, self.version)
 
     def _count_end(self, result: EpisodeResult, sign: int) -> None:
         self._counts[result.status] += sign
@@ -661,7 +668,7 @@ class RolloutEngine:
             rejected_by_reason={k: v for k, v in self._rejected_by.items() if v},
             failed_by_reason={k: v for k, v in self._failed_by.items() if v},
             results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
-            buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(), version=self.version,
+            buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(self.version), version=self.version,
             paused=self.paused, generated_tokens=self._generated_tokens, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
         )
@@ -679,18 +686,19 @@ class RolloutEngine:
 
 @asynccontextmanager
 async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | None = None, *,
-                              reward_pool: Any = None) -> AsyncIterator[RolloutEngine]:
+                              reward_pool: Any = None, tokenizer: Any = None) -> AsyncIterator[RolloutEngine]:
     """Open an engine: the backend actor, the admission actor, the reward worker
-    pool and every episode task live in this scope.  Leaving it cancels episodes
-    still running or queued (recorded as failed, reason ``"cancelled"``; finished
-    trajectories are kept), withdraws their generation requests, kills their
-    reward jobs, and stops the backend.
+    pool, the dump writer and every episode task live in this scope.  Leaving it
+    cancels episodes still running or queued (recorded as failed, reason
+    ``"cancelled"``; finished trajectories are kept), withdraws their generation
+    requests, kills their reward jobs, flushes dumps and stops the backend.
 
     Args:
         backend: an :class:`InferenceBackend` (``SimBackend``, ``HFBackend``, ...).
         config: :class:`EngineConfig`; defaults if omitted.
         reward_pool: an already-open reward pool to share; by default one is
             opened with the ``reward_*`` settings of ``config``.
+        tokenizer: used only to decode text in trajectory dumps.
 
     Raises:
         Whatever the backend's start-up raises (e.g. the model cannot be loaded).
@@ -698,22 +706,28 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
     from rewards import open_reward_pool
 
     config = config or EngineConfig()
+    dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
     async with _maybe_pool(reward_pool, config, open_reward_pool) as pool:
-        try:
-            async with trio.open_nursery() as nursery:
-                jobs_send, jobs_recv = trio.open_memory_channel(config.max_concurrent_rollouts)
-                await nursery.start(backend.run, jobs_recv)
-                engine = RolloutEngine(nursery, backend, jobs_send, pool, config)
-                nursery.start_soon(engine._admit_forever, name="admission")
-                try:
-                    yield engine
-                finally:
-                    engine._close()
-                    nursery.cancel_scope.cancel()
-                    jobs_send.close()
-        finally:
-            with trio.CancelScope(shield=True):
-                await backend.aclose()
+        async with trio.open_nursery() as services:
+            if dumper is not None:
+                await services.start(dumper.run)
+            try:
+                async with trio.open_nursery() as nursery:
+                    jobs_send, jobs_recv = trio.open_memory_channel(config.max_concurrent_rollouts)
+                    await nursery.start(backend.run, jobs_recv)
+                    engine = RolloutEngine(nursery, backend, jobs_send, pool, config, dumper)
+                    nursery.start_soon(engine._admit_forever, name="admission")
+                    try:
+                        yield engine
+                    finally:
+                        engine._close()
+                        nursery.cancel_scope.cancel()
+                        jobs_send.close()
+            finally:
+                if dumper is not None:
+                    dumper.close()  # the writer drains what is queued, then returns
+                with trio.CancelScope(shield=True):
+                    await backend.aclose()
 
 
 @asynccontextmanager

@@ -39,24 +39,23 @@ class StalenessManager:
     """Counters behind the capacity formula (sync; the executor calls it).
 
     ``accepted`` here is the staleness counter (reset by :meth:`restore`), not the
-    lifetime count reported by ``RolloutEngine.statistics``.
+    lifetime count reported by ``RolloutEngine.statistics``.  The version is not
+    stored here: the backend owns it, and callers pass it in.
     """
 
     max_concurrent: int
     consumer_batch_size: int
     max_head_offpolicyness: int | None
-    version: int = 0
     running: int = 0
     accepted: int = 0
 
-    def capacity(self) -> int:
+    def capacity(self, version: int) -> int:
         return staleness_capacity(
             max_concurrent=self.max_concurrent, consumer_batch_size=self.consumer_batch_size,
-            max_head_offpolicyness=self.max_head_offpolicyness, version=self.version,
+            max_head_offpolicyness=self.max_head_offpolicyness, version=version,
             running=self.running, accepted=self.accepted,
         )
 
     def restore(self, version: int) -> None:
         """Resume from a checkpoint taken at ``version``: ``accepted = version * B``."""
-        self.version = version
         self.accepted = version * self.consumer_batch_size

@@ -100,3 +100,27 @@ def test_bad_input_is_one_line_error_and_nonzero_exit(tmp_path, capsys, args, ne
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     if args[-1].endswith("bad.jsonl"):
         assert "bad.jsonl:2" in err
+
+
+@pytest.mark.slow
+def test_run_with_groups_staleness_and_dumps(tmp_path, capsys):
+    out, dumps = tmp_path / "out", tmp_path / "dumps"
+    code, _, err = _run(["run", "--backend", "sim", "--dataset", "builtin:arith", "--limit", "6", "--n-samples", "1",
+                         "--group-size", "2", "--consumer-batch-size", "2", "--max-head-offpolicyness", "0",
+                         "--max-new-tokens", "8", "--quiet", "--out", str(out), "--dump-dir", str(dumps)], capsys)
+    assert code == 0, err
+    batch, rows, summary = _read_outputs(out)
+    assert summary["accepted"] == 6 and summary["final_version"] == 3  # one bump per 2 accepted
+    assert batch["group_size"].tolist() == [2] * 12
+    assert batch["group_id"].tolist() == [i // 2 for i in range(12)]
+    # eta = 0: every trajectory was generated at the version it was consumed for
+    records = [json.loads(line) for p in sorted(dumps.rglob("*.jsonl")) for line in p.read_text().splitlines()]
+    assert len(records) == 12
+    assert {r["head_version"] for r in records} == {0, 1, 2}
+    assert all(r["head_version"] == r["tail_version"] for r in records)
+
+
+def test_max_head_offpolicyness_without_batch_size_is_an_error(tmp_path, capsys):
+    code, _, err = _run(["run", "--backend", "sim", "--max-head-offpolicyness", "1", "--quiet",
+                         "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--consumer-batch-size" in err

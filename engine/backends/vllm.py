@@ -1,0 +1,142 @@
+"""``vllm``: vLLM's OpenAI-compatible ``POST /v1/completions`` with token ids in and out.
+
+Wire facts (``SERVERS_AND_MODELS.md`` §2 and §6, verified on vLLM 0.32 CPU)::
+
+    {"model": m, "prompt": [token ids], "max_tokens": budget, "temperature": 0 if greedy else t,
+     "top_p", "top_k": -1 when disabled, "min_tokens", "stop_token_ids", "stop" (if any),
+     "ignore_eos", "skip_special_tokens", "frequency_penalty", "seed" (if set),
+     "logprobs": 0, "return_token_ids": true, "return_tokens_as_token_ids": true,
+     "request_id": "<rid>@<seq>", "stream": false}
+
+Answer: ``choices[0].token_ids`` (the stop/EOS token included), logprobs from
+``choices[0].logprobs.token_logprobs`` (``"token_id:N"`` strings in ``logprobs.tokens`` are
+the fallback for ids and must agree), ``finish_reason`` ``stop``/``length``/``abort``
+(``repetition`` -> ``stop``; ``error`` is a retryable server fault).
+
+Logprob semantics: ``"raw"`` -- log-softmax of the logits *before* temperature, penalties,
+top-k and top-p (vLLM's default ``--logprobs-mode raw_logprobs``), the opposite of SGLang.
+
+Abort: ``POST /abort_requests {"request_ids": ["cmpl-<request_id>-0"]}`` (the engine's
+per-choice id; needs ``VLLM_SERVER_DEV_MODE=1``, else 404 and the dropped connection aborts).
+A client disconnect aborts too.  Pause: ``POST /pause?mode=abort|wait|keep``, continue:
+``POST /resume`` (dev mode).  Requests sent to a paused vLLM block, which is why the
+backend keeps its own client-side pause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import BackendError
+from ..types import ModelRequest
+from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, sampling_top_k
+
+__all__ = ["VLLMBackend", "vllm_abort_id"]
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop", "tool_calls": "tool_calls"}
+
+
+def vllm_abort_id(request_id: str) -> str:
+    """The engine id to abort for a ``/v1/completions`` call sent with ``request_id``."""
+    return f"cmpl-{request_id}-0"
+
+
+def _token_id(text: str) -> int:
+    prefix = "token_id:"
+    if not isinstance(text, str) or not text.startswith(prefix):
+        raise ValueError(f"token {text!r} is not 'token_id:N' (return_tokens_as_token_ids not honoured?)")
+    return int(text[len(prefix):])
+
+
+class VLLMBackend(RemoteBackend):
+    """Several vLLM servers behind one backend.
+
+    Args:
+        model: the served model name; ``None`` = the first id of ``GET /v1/models``.
+        Others: see :class:`~engine.backends.remote.RemoteBackend`.
+    """
+
+    kind = "vllm"
+    logprob_semantics = "raw"
+    generate_path = "/v1/completions"
+    health_path = "/health"
+    pause_modes = ("abort", "wait", "keep")
+
+    def __init__(self, servers, *, model: str | None = None, **kwargs: Any) -> None:
+        super().__init__(servers, **kwargs)
+        self.model = model
+
+    async def after_startup(self) -> None:
+        if self.model is None:
+            await self.prepare(self.pool.healthy[0])
+
+    async def prepare(self, server) -> None:
+        if self.model is not None:
+            return
+        answer = await self.call(server.url, "GET", "/v1/models", timeout_s=self.timeouts.health_timeout_s)
+        try:
+            self.model = str(answer["data"][0]["id"])
+        except (TypeError, KeyError, IndexError):
+            raise BackendError(f"{server.url}/v1/models: no model id in {answer!r}") from None
+
+    def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
+        g = request.gconfig
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(request.input_ids),
+            "max_tokens": budget,
+            "temperature": 0.0 if g.greedy else float(g.temperature),
+            "top_p": 1.0 if g.greedy else float(g.top_p),
+            "top_k": -1 if g.greedy else sampling_top_k(g.top_k),
+            "min_tokens": min(g.min_new_tokens, budget),
+            "stop_token_ids": list(g.stop_token_ids),
+            "ignore_eos": bool(g.ignore_eos),
+            "skip_special_tokens": bool(g.skip_special_tokens),
+            "frequency_penalty": float(g.frequency_penalty),
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "request_id": wire_id,
+            "stream": False,
+        }
+        if g.stop:
+            payload["stop"] = list(g.stop)
+        if g.seed is not None:
+            payload["seed"] = int(g.seed)
+        return payload
+
+    def parse_generation(self, body: Any) -> ParsedGeneration:
+        choices = body["choices"]
+        if not isinstance(choices, list) or len(choices) != 1:
+            raise ValueError(f"expected one choice, got {choices!r}")
+        choice = choices[0]
+        finish = choice.get("finish_reason")
+        if finish == "error":
+            raise RemoteCallError("the server reported finish_reason 'error'", retryable=True)
+        if finish not in _FINISH:
+            raise ValueError(f"unknown finish_reason {finish!r}")
+        lp = choice.get("logprobs") or {}
+        token_logprobs = lp.get("token_logprobs")
+        named = lp.get("tokens")
+        ids = choice.get("token_ids")
+        if ids is None:
+            if named is None:
+                raise ValueError("neither choices[0].token_ids nor logprobs.tokens (return_token_ids not honoured?)")
+            ids = [_token_id(t) for t in named]
+        elif named is not None and len(named) == len(ids) and [_token_id(t) for t in named] != ids:
+            raise RemoteCallError("choices[0].token_ids disagree with logprobs.tokens")
+        if token_logprobs is None:
+            if ids:
+                raise ValueError("choices[0].logprobs.token_logprobs is missing (logprobs not honoured?)")
+            token_logprobs = []
+        logprobs = [float("nan") if x is None else x for x in token_logprobs]
+        return ParsedGeneration(list(ids), logprobs, _FINISH[finish], None)
+
+    def abort_call(self, wire_id: str):
+        return "POST", "/abort_requests", {"request_ids": [vllm_abort_id(wire_id)]}, None
+
+    def pause_call(self, mode: str):
+        return "POST", "/pause", None, {"mode": mode}
+
+    def continue_call(self):
+        return "POST", "/resume", None, None

@@ -174,6 +174,7 @@ class EngineStatistics:
     version: int
     paused: bool
     generated_tokens: int
+    segments_resumed: int
     backend: dict[str, Any]
     rewards: Any
 
@@ -239,6 +240,7 @@ class RolloutEngine:
         self._rejected_by: collections.Counter[str] = collections.Counter()
         self._failed_by: collections.Counter[str] = collections.Counter()
         self._generated_tokens = 0
+        self._segments_resumed = 0  # generation segments re-sent after an abort
         self._data_iters: dict[int, Iterator[Any]] = {}
 
     # -- generation ----------------------------------------------------------
@@ -278,6 +280,8 @@ class RolloutEngine:
             logprobs += resp.output_logprobs
             versions += resp.output_versions
             self._generated_tokens += resp.output_len
+            if len(tokens) > resp.output_len:
+                self._segments_resumed += 1
             if len(tokens) > budget:
                 raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
             stop_reason = resp.stop_reason
@@ -317,6 +321,35 @@ class RolloutEngine:
         self.backend.version = version
         self._recheck_buffer()
         self._admission.unpark_all()
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """Swap the policy's weights mid-rollout (partial rollout).
+
+        Dispatch of new episodes and generation segments pauses; the backend
+        either aborts in-flight generations (they are resumed afterwards by
+        re-sending prompt + partial output) or parks them in place; the weights
+        load; the version becomes ``version``; dispatch resumes.  Every episode in
+        flight completes, with per-token versions showing the boundary.
+
+        Args:
+            source: a state dict or a checkpoint folder (backend-specific).
+            mode: ``"abort"`` or ``"in_place"``.
+
+        Raises:
+            BackendError: the backend cannot update weights, or the new weights do
+                not fit (the old weights and version stay; dispatch resumes).
+        """
+        update = getattr(self.backend, "update_weights", None)
+        if update is None:
+            raise BackendError(f"{type(self.backend).__name__} does not support weight updates")
+        was_paused = self.paused
+        self.pause()
+        try:
+            await update(source, version=version, mode=mode)
+        finally:
+            if not was_paused:
+                self.resume()
+        self.set_version(version)
 
     def restore(self, version: int) -> None:
         """Resume after loading a checkpoint taken at ``version``: sets the version
@@ -669,7 +702,8 @@ class RolloutEngine:
             failed_by_reason={k: v for k, v in self._failed_by.items() if v},
             results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
             buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(self.version), version=self.version,
-            paused=self.paused, generated_tokens=self._generated_tokens, backend=self.backend.statistics(),
+            paused=self.paused, generated_tokens=self._generated_tokens,
+            segments_resumed=self._segments_resumed, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
         )
 

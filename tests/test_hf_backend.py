@@ -136,3 +136,97 @@ async def test_unsupported_parameter_is_a_clear_error(tiny, reward_pool):
         with pytest.raises(InvalidRequestError, match="frequency_penalty"):
             await engine.agenerate(ModelRequest(input_ids=_prompt(tok, "x"),
                                                 gconfig=GenerationHyperparameters(frequency_penalty=0.5)))
+
+
+@pytest.fixture(scope="session")
+def other_weights(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-llama-b"), seed=1)
+    return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("mode", ["abort", "in_place"])
+async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_weights, mode, reward_pool):
+    import threading
+    import time
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    reference_a = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    b_path, reference_b = other_weights
+    forwards, midway = [0], threading.Event()
+    original_forward = model.forward
+
+    def counting_forward(*args, **kwargs):  # lets the test know decoding is under way
+        forwards[0] += 1
+        if forwards[0] == 6:
+            midway.set()  # ... and holds this step until the update has been requested
+            deadline = time.monotonic() + 60
+            while not (backend._abort_flag or backend._hold_flag) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return original_forward(*args, **kwargs)
+
+    model.forward = counting_forward
+    backend = HFBackend(model, tok, batch_window_s=0.05)
+    g = GenerationHyperparameters(max_new_tokens=24, ignore_eos=True, greedy=True)
+    prompts = [_prompt(tok, f"question number {i}") for i in range(8)]
+    results = {}
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        async def one(i):
+            results[i] = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=g))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(one, i)
+            await trio.to_thread.run_sync(midway.wait)
+            source = b_path if mode == "abort" else reference_b.state_dict()
+            await engine.update_weights(source, version=1, mode=mode)
+        stats = engine.statistics()
+    assert engine.version == 1 and stats.backend["weight_updates"] == 1
+    for i in range(8):
+        r = results[i]
+        assert r.output_len == 24 and r.stop_reason == "length"
+        k = r.output_versions.index(1)
+        assert 0 < k < 24 and r.output_versions == [0] * k + [1] * (24 - k)
+        lp = torch.tensor(r.output_logprobs)
+        ref_a = _teacher_forced_logprobs(reference_a, prompts[i], r.output_tokens)
+        assert (lp[:k] - ref_a[:k]).abs().max() < 1e-4  # before the boundary: old weights
+        if mode == "abort":  # resumed with prompt + partial output, re-prefilled by the new weights
+            ref_b = _teacher_forced_logprobs(reference_b, prompts[i], r.output_tokens)
+            assert (lp[k:] - ref_b[k:]).abs().max() < 1e-4
+        else:  # continued in place: new weights over the old KV cache
+            assert (lp[k:] - ref_a[k:]).abs().max() > 1e-2
+    if mode == "abort":
+        assert stats.segments_resumed == 8 and stats.backend["aborts"] == 8
+    else:
+        assert stats.segments_resumed == 0
+
+
+async def test_abort_exactly_at_the_budget_keeps_all_tokens_as_length(tiny, reward_pool):
+    model, tok = tiny
+    backend = HFBackend(model, tok, batch_window_s=0)
+    p = _prompt(tok, "budget")
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        # the abort flag is raised before the batch starts: the row is stopped at its
+        # first step, which is also its whole budget
+        backend._abort_flag = True
+        resp = await engine.agenerate(ModelRequest(input_ids=p, gconfig=GenerationHyperparameters(
+            max_new_tokens=1, ignore_eos=True)))
+        backend._abort_flag = False
+    assert resp.stop_reason == "length" and resp.output_len == 1
+
+
+async def test_update_weights_with_mismatched_weights_keeps_the_old_ones(tiny_model_dir, reward_pool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine import BackendError
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    async with open_rollout_engine(HFBackend(model, tok), reward_pool=reward_pool) as engine:
+        with pytest.raises(BackendError, match="do not fit"):
+            await engine.update_weights({"nope": torch.zeros(1)}, version=5)
+        assert engine.version == 0 and not engine.paused

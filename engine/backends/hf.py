@@ -15,7 +15,21 @@ log-probability (what a teacher-forced forward pass gives).  SGLang returns the
 same kind by default; vLLM returns raw logprobs (``SERVERS_AND_MODELS.md`` §6).
 
 Versions: every token of a segment carries ``self.version`` read before the
-segment starts (AReaL PR #1569).
+segment starts (AReaL PR #1569); a weight update in place moves the version
+mid-segment, and tokens after that step carry the new one.
+
+Weight updates (:meth:`HFBackend.update_weights`), two modes:
+
+* ``"abort"``: the running batch stops at its next decoding step; unfinished
+  rows return ``stop_reason="abort"`` with their partial tokens, the weights
+  load, the version changes, and the engine re-sends prompt + partial output
+  (re-prefilled with the new weights).
+* ``"in_place"``: the running batch parks between two decoding steps, the
+  weights are copied into the same parameters, and decoding continues (the KV
+  cache of earlier tokens keeps the old weights' keys/values, as SGLang's
+  in-place pause does).
+
+No new batch starts while an update is in progress.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import outcome
@@ -96,6 +111,17 @@ class HFBackend(InferenceBackend):
         self.batch_window_s = batch_window_s
         self.version = 0
         self._stats = defaultdict(int)
+        self._waiting = 0  # requests received, not yet in a running batch
+        # weight-update coordination between the trio side and the generate thread
+        self._no_update = trio.Event()  # set when no update is in progress
+        self._no_update.set()
+        self._group_running = False
+        self._abort_flag = False  # read by the generate thread
+        self._hold_flag = False
+        self._parked = threading.Event()  # set by the generate thread while held
+        self._release = threading.Event()
+        self._group_changed = trio.lowlevel.ParkingLot()
+        self._token: trio.lowlevel.TrioToken | None = None
 
     # -- loading -------------------------------------------------------------
     def _load(self) -> None:
@@ -117,6 +143,7 @@ class HFBackend(InferenceBackend):
     # -- actor ---------------------------------------------------------------
     async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self._load)
+        self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         async with jobs:
             while True:
@@ -143,7 +170,10 @@ class HFBackend(InferenceBackend):
                     if key[-1] is not None:  # seeded: alone, so the same seed gives the same tokens
                         key = (*key, id(job))
                     groups[key].append(job)
+                self._waiting = sum(len(g) for g in groups.values())
                 for group in groups.values():
+                    await self._no_update.wait()  # no batch starts during a weight update
+                    self._waiting -= len(group)
                     await self._run_group(group)
 
     @staticmethod
@@ -159,15 +189,20 @@ class HFBackend(InferenceBackend):
         start = trio.current_time()
         self._stats["batches"] += 1
         self._stats["requests_running"] = len(group)
+        self._stats["batch_occupancy_sum"] += len(group)
+        boundaries: list[tuple[int, int]] = []  # (step, version) of in-place updates
+        self._group_running = True
         try:
-            result = await trio.to_thread.run_sync(self._generate, group)
+            result = await trio.to_thread.run_sync(self._generate, group, boundaries)
         except Exception as exc:  # a backend failure fails this group's requests only
             logger.exception("hf backend: generate failed for %d requests", len(group))
             for job in group:
                 job.reply(outcome.Error(BackendError(f"request {job.request.rid}: generate failed: {exc!r}")))
             return
         finally:
+            self._group_running = False
             self._stats["requests_running"] = 0
+            self._group_changed.unpark_all()
         rows, first_token_s = result
         end = trio.current_time()
         for job, (tokens, logprobs, reason) in zip(group, rows):
@@ -175,19 +210,84 @@ class HFBackend(InferenceBackend):
                 continue
             self._stats["requests_served"] += 1
             self._stats["tokens_generated"] += len(tokens)
+            self._stats["aborts"] += reason == "abort"
+            versions = [version] * len(tokens)
+            for step, new_version in boundaries:  # tokens at index >= step came after the update
+                versions[step:] = [new_version] * max(0, len(tokens) - step)
             job.reply(
                 outcome.Value(
                     ModelResponse(
                         input_tokens=list(job.request.input_ids),
                         output_tokens=tokens,
                         output_logprobs=logprobs,
-                        output_versions=[version] * len(tokens),
+                        output_versions=versions,
                         stop_reason=reason,
                         latency=end - start,
                         ttft=first_token_s,
                     )
                 )
             )
+
+    # -- weight updates --------------------------------------------------------------
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """Load new weights and set the policy version.
+
+        Args:
+            source: a state dict (``{name: tensor}``) or a checkpoint folder that
+                ``from_pretrained`` can load (same architecture).
+            version: the new policy version.
+            mode: ``"abort"`` or ``"in_place"`` (see the module docstring).
+
+        Raises:
+            InvalidRequestError: unknown ``mode``.
+            BackendError: the weights do not fit the model (missing/unexpected keys,
+                shape mismatch); the old weights and version stay.
+        """
+        if mode not in ("abort", "in_place"):
+            raise InvalidRequestError(f"update_weights: mode must be 'abort' or 'in_place', got {mode!r}")
+        self._no_update = trio.Event()
+        try:
+            if mode == "abort":
+                self._abort_flag = True
+            else:
+                self._release.clear()
+                self._hold_flag = True
+            while self._group_running and not (mode == "in_place" and self._parked.is_set()):
+                await self._group_changed.park()
+            self._abort_flag = False
+            state = await trio.to_thread.run_sync(self._read_state, source)
+            await trio.to_thread.run_sync(self._load_state, state)
+            self.version = version
+            self._stats["weight_updates"] += 1
+        finally:
+            self._abort_flag = self._hold_flag = False
+            self._release.set()
+            self._no_update.set()
+
+    def _read_state(self, source: Any) -> dict[str, Any]:
+        if isinstance(source, (str, Path)):
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype).state_dict()
+        return dict(source)
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        import torch
+
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(state, strict=True)
+        except (RuntimeError, KeyError) as exc:
+            raise BackendError(f"update_weights: the new weights do not fit the model: {exc}") from exc
+
+    def _held(self, step: int, boundaries: list[tuple[int, int]]) -> None:
+        """In the generate thread: park until an in-place update is done."""
+        self._parked.set()
+        if self._token is not None:
+            trio.from_thread.run_sync(self._group_changed.unpark_all, trio_token=self._token)
+        self._release.wait()
+        self._parked.clear()
+        boundaries.append((step, self.version))
 
     # -- generation (runs in a worker thread) --------------------------------
     def _stop_ids(self, req: ModelRequest) -> set[int]:
@@ -198,7 +298,9 @@ class HFBackend(InferenceBackend):
                 stop.add(int(eos))
         return stop
 
-    def _generate(self, group: list[GenerationJob]) -> tuple[list[tuple[list[int], list[float], str]], float]:
+    def _generate(
+        self, group: list[GenerationJob], boundaries: list[tuple[int, int]]
+    ) -> tuple[list[tuple[list[int], list[float], str]], float]:
         import time
 
         import torch
@@ -219,14 +321,23 @@ class HFBackend(InferenceBackend):
             attention[i, width - len(p) :] = 1
         t0 = time.perf_counter()
         first_token = [0.0]
+        aborted = [False]
+        backend = self
 
         class _RowStop(StoppingCriteria):
-            """Stop a row at its own budget or once its episode withdrew it."""
+            """Called after every decoding step: stop a row at its own budget or
+            once its episode withdrew it; stop all rows for an abort-mode weight
+            update; park here for an in-place one."""
 
             def __call__(self, ids, scores, **kwargs):  # ids: [B, width + steps]
                 steps = ids.shape[1] - width
                 if steps == 1:
                     first_token[0] = time.perf_counter() - t0
+                if backend._hold_flag:
+                    backend._held(steps, boundaries)
+                if backend._abort_flag:
+                    aborted[0] = True
+                    return torch.ones(len(group), dtype=torch.bool, device=ids.device)
                 done = [steps >= b or job.withdrawn for b, job in zip(budgets, group)]
                 return torch.tensor(done, dtype=torch.bool, device=ids.device)
 
@@ -260,7 +371,10 @@ class HFBackend(InferenceBackend):
         logprobs = logprobs.float().cpu().tolist()
         rows = []
         for i, job in enumerate(group):
-            rows.append(self._trim(job.request, gen[i], logprobs[i], budgets[i], stop_ids))
+            tokens, lps, reason = self._trim(job.request, gen[i], logprobs[i], budgets[i], stop_ids)
+            if aborted[0] and reason == "length" and len(tokens) < budgets[i]:
+                reason = "abort"  # interrupted by a weight update: the engine resumes it
+            rows.append((tokens, lps, reason))
         return rows, first_token[0]
 
     def _trim(
@@ -281,4 +395,13 @@ class HFBackend(InferenceBackend):
         return tokens[:n], logprobs[:n], reason
 
     def statistics(self) -> dict[str, Any]:
-        return {"version": self.version, **self._stats}
+        """Requests running and waiting, tokens generated, mean batch occupancy
+        (requests per ``generate`` call), aborts, weight updates, version."""
+        stats = dict(self._stats)
+        batches = stats.pop("batch_occupancy_sum", 0)
+        return {
+            **stats,
+            "version": self.version,
+            "requests_waiting": self._waiting,
+            "batch_occupancy": batches / stats["batches"] if stats.get("batches") else 0.0,
+        }

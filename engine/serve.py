@@ -495,59 +495,76 @@ class SGLangServer:
         self._resume()
         return {"message": "Generation continued successfully.", "status": "ok"}
 
-    async def _wait_idle(self) -> None:
-        """Until no request is running and the ``hf`` actor waits for work (its thread done)."""
-        while any(r.job is not None for r in self._running.values()):
-            await self._changed.park()
-        # The actor gives no event when a withdrawn batch's thread ends; poll its channel.
-        while True:
-            stats = self._jobs.statistics()
-            if stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0:
-                return
-            await trio.sleep(0.005)
-
     async def _update_weights_from_disk(self, request: HTTPRequest) -> Any:
         self._require_ready()
         body = request.json() or {}
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise RequestRejected(400, "model_path (a string) is required")
+        weight_version = body.get("weight_version")
         async with self._update_lock:
             was_paused = self._paused
-            self._pause()
-            aborted = self._abort_all("aborted for a weight update") if body.get("abort_all_requests") else 0
+            self._pause()  # new requests wait
+            running = sum(r.job is not None for r in self._running.values())
             try:
-                await self._wait_idle()
-                await trio.to_thread.run_sync(self._load_weights, path)
+                version = self._next_version(weight_version)
+                if hasattr(self.backend, "update_weights"):
+                    if not body.get("abort_all_requests"):
+                        await self._drain()
+                    # abort mode: a running batch stops at its next step and answers with its partial tokens
+                    await self.backend.update_weights(path, version=version, mode="abort")
+                else:
+                    if body.get("abort_all_requests"):
+                        self._abort_all("aborted for a weight update")
+                    await self._drain()
+                    await self._wait_idle()
+                    await trio.to_thread.run_sync(self._load_weights, path)
+                    self.backend.version = version
             except Exception as exc:
                 logger.exception("weight update from %s failed", path)
                 if not was_paused:
                     self._resume()
                 return json_response({"success": False, "message": f"failed to load {path}: {exc}",
                                       "num_paused_requests": 0}, 400)
-            self._set_version(body.get("weight_version"))
+            self.weight_version = str(weight_version) if weight_version is not None else str(version)
             self.model_path = path
             if not (was_paused or body.get("keep_pause")):
                 self._resume()
         self._counts["weight_updates"] += 1
-        return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": aborted}
+        return {"success": True, "message": "Succeeded to update model weights.",
+                "num_paused_requests": running if body.get("abort_all_requests") else 0}
+
+    async def _drain(self) -> None:
+        """Until every dispatched request has answered."""
+        while any(r.job is not None for r in self._running.values()):
+            await self._changed.park()
+
+    async def _wait_idle(self) -> None:
+        """Until the ``hf`` actor waits for work (a withdrawn batch's thread has ended).
+
+        Only for an ``hf`` backend without ``update_weights``: the actor gives no event
+        then, so its channel is polled."""
+        while True:
+            stats = self._jobs.statistics()
+            if stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0:
+                return
+            await trio.sleep(0.005)
 
     def _load_weights(self, path: str) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         model = self.backend.model
-        dtype = next(model.parameters()).dtype
-        fresh = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        fresh = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
         with torch.no_grad():
             model.load_state_dict(fresh.state_dict(), strict=True)
 
-    def _set_version(self, weight_version: Any) -> None:
+    def _next_version(self, weight_version: Any) -> int:
+        """``weight_version`` when it is an integer, else the current version + 1."""
         try:
-            self.backend.version = int(weight_version)
+            return int(weight_version)
         except (TypeError, ValueError):
-            self.backend.version += 1
-        self.weight_version = str(weight_version) if weight_version is not None else str(self.backend.version)
+            return int(self.backend.version) + 1
 
     async def _update_weight_version(self, request: HTTPRequest) -> Any:
         body = request.json() or {}
@@ -555,7 +572,8 @@ class SGLangServer:
             raise RequestRejected(400, "new_version is required")
         if body.get("abort_all_requests"):
             self._abort_all("aborted for a weight version update")
-        self._set_version(body["new_version"])
+        self.backend.version = self._next_version(body["new_version"])
+        self.weight_version = str(body["new_version"])
         return {"success": True, "message": "Succeeded to update weight version.", "new_version": self.weight_version}
 
     # -- info ------------------------------------------------------------------------

@@ -120,6 +120,7 @@ class HFBackend(InferenceBackend):
         self._hold_flag = False
         self._parked = threading.Event()  # set by the generate thread while held
         self._release = threading.Event()
+        self.update_requested = threading.Event()  # set while an update waits for the batch
         self._group_changed = trio.lowlevel.ParkingLot()
         self._token: trio.lowlevel.TrioToken | None = None
 
@@ -252,6 +253,7 @@ class HFBackend(InferenceBackend):
             else:
                 self._release.clear()
                 self._hold_flag = True
+            self.update_requested.set()
             while self._group_running and not (mode == "in_place" and self._parked.is_set()):
                 await self._group_changed.park()
             self._abort_flag = False
@@ -261,6 +263,7 @@ class HFBackend(InferenceBackend):
             self._stats["weight_updates"] += 1
         finally:
             self._abort_flag = self._hold_flag = False
+            self.update_requested.clear()
             self._release.set()
             self._no_update.set()
 

@@ -227,3 +227,24 @@ async def test_update_weights_with_mismatched_weights_keeps_the_old_ones(tiny_mo
         with pytest.raises(BackendError, match="do not fit"):
             await engine.update_weights({"nope": torch.zeros(1)}, version=5)
         assert engine.version == 0 and not engine.paused
+
+
+async def test_ignore_eos_is_honoured_even_when_the_model_emits_eos(tiny, reward_pool):
+    model, tok = tiny
+    eos = tok.eos_token_id
+    p = _prompt(tok, "eos")
+    greedy = GenerationHyperparameters(max_new_tokens=16, greedy=True, ignore_eos=True)
+    with torch.no_grad():  # make the model strongly prefer EOS at every step
+        bias = torch.zeros(model.config.vocab_size)
+        bias[eos] = 50.0
+        original = model.lm_head.bias if hasattr(model.lm_head, "bias") else None
+        hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+    try:
+        async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+            ignoring = await engine.agenerate(ModelRequest(input_ids=p, gconfig=greedy))
+            stopping = await engine.agenerate(ModelRequest(input_ids=p, gconfig=greedy.new(ignore_eos=False)))
+    finally:
+        hook.remove()
+    assert original is None or original is model.lm_head.bias
+    assert ignoring.output_len == 16 and ignoring.output_tokens == [eos] * 16 and ignoring.stop_reason == "length"
+    assert stopping.output_tokens == [eos] and stopping.stop_reason == "stop"

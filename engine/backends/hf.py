@@ -137,6 +137,9 @@ class HFBackend(InferenceBackend):
         if self.model is None:
             self.model = AutoModelForCausalLM.from_pretrained(self._model_spec, dtype=dtype)
         self.model.to(device=device, dtype=dtype).eval()
+        # Stops are ours (per request, ``ignore_eos`` honoured): without this,
+        # ``generate`` falls back to the model's default eos and ends rows early.
+        self.model.generation_config.eos_token_id = None
         if self.tokenizer is None:
             self.tokenizer = AutoTokenizer.from_pretrained(self._model_spec)
         self.device = device

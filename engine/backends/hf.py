@@ -8,8 +8,8 @@ at the next token through a ``StoppingCriteria``.
 
 Logprobs: ``output_logprobs[i]`` is ``log_softmax`` of the *processed* scores at
 the sampled token, i.e. of the distribution that was actually sampled (after
-temperature, top-k and top-p), computed by transformers'
-``compute_transition_scores(normalize_logits=True)``.  With ``temperature=1``,
+temperature, top-k and top-p), captured at each decoding step by a logits
+processor placed after the warpers.  With ``temperature=1``,
 no top-k/top-p, or greedy decoding this equals the model's raw next-token
 log-probability (what a teacher-forced forward pass gives).  SGLang returns the
 same kind by default; vLLM returns raw logprobs (``SERVERS_AND_MODELS.md`` §6).
@@ -310,7 +310,16 @@ class HFBackend(InferenceBackend):
         import time
 
         import torch
-        from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+        from transformers import (
+            GenerationConfig,
+            LogitsProcessor,
+            LogitsProcessorList,
+            StoppingCriteria,
+            StoppingCriteriaList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         g = group[0].request.gconfig
         budgets = [job.budget for job in group]
@@ -329,6 +338,19 @@ class HFBackend(InferenceBackend):
         first_token = [0.0]
         aborted = [False]
         backend = self
+        step_logprobs: list[torch.Tensor] = []  # one [B] tensor per decoding step
+
+        class _Capture(LogitsProcessor):
+            """Last processor: keeps log_softmax of the processed scores (the
+            distribution that is sampled) of the current step, [B, V]."""
+
+            last: torch.Tensor
+
+            def __call__(self, ids, scores):
+                self.last = torch.log_softmax(scores.float(), dim=-1)
+                return scores
+
+        capture = _Capture()
 
         class _RowStop(StoppingCriteria):
             """Called after every decoding step: stop a row at its own budget or
@@ -336,6 +358,7 @@ class HFBackend(InferenceBackend):
             update; park here for an in-place one."""
 
             def __call__(self, ids, scores, **kwargs):  # ids: [B, width + steps]
+                step_logprobs.append(capture.last.gather(1, ids[:, -1:]).squeeze(1))  # [B]
                 steps = ids.shape[1] - width
                 if steps == 1:
                     first_token[0] = time.perf_counter() - t0
@@ -347,34 +370,42 @@ class HFBackend(InferenceBackend):
                 done = [steps >= b or job.withdrawn for b, job in zip(budgets, group)]
                 return torch.tensor(done, dtype=torch.bool, device=ids.device)
 
+        # Warpers are ours, in transformers' order, so that the capture sees the
+        # final distribution; the config disables transformers' own (explicit
+        # values: None would fall back to the model's generation_config, whose
+        # default top_k is 50).
+        processors = LogitsProcessorList()
+        if not g.greedy:
+            if g.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(max(g.temperature, 1e-5)))
+            if g.top_k < _NO_TOP_K:
+                processors.append(TopKLogitsWarper(g.top_k))
+            if g.top_p < 1.0:
+                processors.append(TopPLogitsWarper(g.top_p))
+        processors.append(capture)
         gen_cfg = GenerationConfig(
             max_new_tokens=max(budgets),
             min_new_tokens=g.min_new_tokens or None,
             do_sample=not g.greedy,
-            # explicit values: None would fall back to the model's generation_config
-            # (transformers' default top_k is 50), changing the sampled distribution
-            temperature=1.0 if g.greedy else max(g.temperature, 1e-5),
-            top_p=1.0 if g.greedy else g.top_p,
-            top_k=0 if g.greedy or g.top_k >= _NO_TOP_K else g.top_k,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
             repetition_penalty=1.0,
             eos_token_id=sorted(stop_ids) or None,
             pad_token_id=pad_id,
-            return_dict_in_generate=True,
-            output_scores=True,
         )
         if g.seed is not None:
             torch.manual_seed(g.seed)
         with torch.inference_mode():
-            out = self.model.generate(
+            sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=gen_cfg,
+                logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([_RowStop()]),
             )
-            # [B, steps]: log-prob of each sampled token under the processed distribution
-            logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-        gen = out.sequences[:, width:].tolist()  # [B, steps]
-        logprobs = logprobs.float().cpu().tolist()
+        logprobs = torch.stack(step_logprobs, dim=1).cpu().tolist()  # [B, steps]
+        gen = sequences[:, width:].tolist()  # [B, steps]
         rows = []
         for i, job in enumerate(group):
             tokens, lps, reason = self._trim(job.request, gen[i], logprobs[i], budgets[i], stop_ids)

@@ -42,9 +42,10 @@ def _prompt(tok, text):
                                    add_generation_prompt=True, return_dict=False)
 
 
-async def test_concurrent_requests_logprobs_match_teacher_forcing(tiny, reward_pool):
+@pytest.mark.parametrize("serving", ["static", "continuous"])
+async def test_concurrent_requests_logprobs_match_teacher_forcing(tiny, reward_pool, serving):
     model, tok = tiny
-    backend = HFBackend(model, tok, batch_window_s=0.05)
+    backend = HFBackend(model, tok, batch_window_s=0.05, mode=serving)
     prompts = [_prompt(tok, t) for t in ("hi", "what is 2+3?", "a much longer prompt, to force left padding")]
     g = GenerationHyperparameters(max_new_tokens=12, ignore_eos=True)
     results = {}
@@ -55,7 +56,8 @@ async def test_concurrent_requests_logprobs_match_teacher_forcing(tiny, reward_p
         async with trio.open_nursery() as nursery:
             for i in range(len(prompts)):
                 nursery.start_soon(one, i)
-    assert backend.statistics()["batches"] == 1  # served as one batch
+    if serving == "static":
+        assert backend.statistics()["batches"] == 1  # served as one batch
     worst = 0.0
     for i, p in enumerate(prompts):
         r = results[i]
@@ -106,9 +108,10 @@ async def test_stop_token_and_stop_string(tiny, reward_pool):
     assert by_string.output_tokens == full.output_tokens[: by_string.output_len]
 
 
-async def test_cancelled_request_leaves_the_batch_and_others_complete(tiny, reward_pool):
+@pytest.mark.parametrize("serving", ["static", "continuous"])
+async def test_cancelled_request_leaves_the_batch_and_others_complete(tiny, reward_pool, serving):
     model, tok = tiny
-    backend = HFBackend(model, tok, batch_window_s=0.05)
+    backend = HFBackend(model, tok, batch_window_s=0.05, mode=serving)
     g = GenerationHyperparameters(max_new_tokens=400, max_tokens=1000, ignore_eos=True)
     short = GenerationHyperparameters(max_new_tokens=4, ignore_eos=True)
     done = {}
@@ -146,8 +149,9 @@ def other_weights(tmp_path_factory):
     return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.mark.parametrize("serving", ["static", "continuous"])
 @pytest.mark.parametrize("mode", ["abort", "in_place"])
-async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_weights, mode, reward_pool):
+async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_weights, mode, serving, reward_pool):
     import threading
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,8 +171,8 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
         return original_forward(*args, **kwargs)
 
     model.forward = counting_forward
-    backend = HFBackend(model, tok, batch_window_s=0.05)
-    g = GenerationHyperparameters(max_new_tokens=24, ignore_eos=True, greedy=True)
+    backend = HFBackend(model, tok, batch_window_s=0.05, mode=serving)
+    g = GenerationHyperparameters(max_new_tokens=24, ignore_eos=True)
     prompts = [_prompt(tok, f"question number {i}") for i in range(8)]
     results = {}
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
@@ -250,11 +254,13 @@ async def test_ignore_eos_is_honoured_even_when_the_model_emits_eos(tiny, reward
     assert stopping.output_tokens == [eos] and stopping.stop_reason == "stop"
 
 
-async def test_logprobs_are_of_the_processed_distribution(tiny, reward_pool):
+@pytest.mark.parametrize("serving", ["static", "continuous"])
+async def test_logprobs_are_of_the_processed_distribution(tiny, reward_pool, serving):
     model, tok = tiny
     p = _prompt(tok, "temperature")
     g = GenerationHyperparameters(max_new_tokens=10, ignore_eos=True, temperature=0.7, top_k=20, top_p=0.9)
-    async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+    backend = HFBackend(model, tok, batch_window_s=0, mode=serving)
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         r = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -265,3 +271,31 @@ async def test_logprobs_are_of_the_processed_distribution(tiny, reward_pool):
         logits = warper(ids, logits)
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(r.output_tokens)[:, None]).squeeze(1)
     assert (ref - torch.tensor(r.output_logprobs)).abs().max() < 1e-4
+
+
+async def test_continuous_mode_rejects_what_it_cannot_honour(tiny, reward_pool):
+    model, tok = tiny
+    backend = HFBackend(model, tok, mode="continuous")
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        for bad in ({"greedy": True}, {"seed": 1}, {"min_new_tokens": 2}):
+            with pytest.raises(InvalidRequestError, match=f"does not support gconfig.{next(iter(bad))}"):
+                await engine.agenerate(ModelRequest(input_ids=_prompt(tok, "x"),
+                                                    gconfig=GenerationHyperparameters(**bad)))
+
+
+async def test_continuous_mode_stop_string(tiny, reward_pool):
+    model, tok = tiny
+    p = _prompt(tok, "stop string")
+    g = GenerationHyperparameters(max_new_tokens=30, ignore_eos=True)
+    async with open_rollout_engine(HFBackend(model, tok, mode="continuous"), reward_pool=reward_pool) as engine:
+        full = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
+        text = tok.decode(full.output_tokens, skip_special_tokens=False)
+        # any 2-character needle: the next sample may or may not contain it
+        needle = text[4:6]
+        cut = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g.new(stop=[needle])))
+    decoded = tok.decode(cut.output_tokens, skip_special_tokens=False)
+    if needle in decoded:
+        assert cut.stop_reason == "stop" and decoded.index(needle) + len(needle) >= len(decoded) - 4
+        assert needle not in tok.decode(cut.output_tokens[:-1], skip_special_tokens=False)
+    else:
+        assert cut.stop_reason == "length" and cut.output_len == 30

@@ -77,9 +77,17 @@ class HFBackend(InferenceBackend):
         tokenizer: optional tokenizer (loaded from ``model`` when omitted).
         device: ``"cuda"`` when available else ``"cpu"`` by default.
         dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), or a torch dtype name.
-        max_batch_size: requests per ``generate`` call.
+        mode: ``"static"`` (default: one left-padded ``generate`` per batch of
+            queued requests; every sampling parameter; deterministic with a seed)
+            or ``"continuous"`` (transformers' continuous batching: requests join
+            and leave the running batch independently; see
+            :mod:`engine.backends._hf_continuous` for what it supports).
+        max_batch_size: requests per ``generate`` call (static) or per step
+            (continuous).
         batch_window_s: seconds to wait for more requests after the first one
-            arrives, so that a burst of episodes lands in one batch.
+            arrives, so that a burst of episodes lands in one batch (static).
+        cache_tokens: KV-cache size of continuous mode, in tokens (sized
+            explicitly: auto-sizing takes ~15 s on CPU).
 
     Raises (from ``run`` start-up): whatever transformers raises when the model
     cannot be loaded.  Per request: :class:`InvalidRequestError` for an
@@ -95,9 +103,13 @@ class HFBackend(InferenceBackend):
         *,
         device: str | None = None,
         dtype: str = "auto",
+        mode: str = "static",
         max_batch_size: int = 64,
         batch_window_s: float = 0.005,
+        cache_tokens: int = 16384,
     ) -> None:
+        if mode not in ("static", "continuous"):
+            raise InvalidRequestError(f"mode must be 'static' or 'continuous', got {mode!r}")
         if max_batch_size < 1:
             raise InvalidRequestError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_window_s < 0:
@@ -107,8 +119,11 @@ class HFBackend(InferenceBackend):
         self.tokenizer = tokenizer
         self._device = device
         self._dtype = dtype
+        self.mode = mode
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
+        self.cache_tokens = cache_tokens
+        self._server: Any = None
         self.version = 0
         self._stats = defaultdict(int)
         self._waiting = 0  # requests received, not yet in a running batch
@@ -143,11 +158,19 @@ class HFBackend(InferenceBackend):
         if self.tokenizer is None:
             self.tokenizer = AutoTokenizer.from_pretrained(self._model_spec)
         self.device = device
+        self.vocab_size = int(self.model.config.vocab_size)
 
     # -- actor ---------------------------------------------------------------
     async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self._load)
         self._token = trio.lowlevel.current_trio_token()
+        if self.mode == "continuous":
+            from ._hf_continuous import ContinuousServer
+
+            self._server = ContinuousServer(self, cache_tokens=self.cache_tokens, page_size=32)
+            task_status.started()
+            await self._server.run(jobs)
+            return
         task_status.started()
         async with jobs:
             while True:
@@ -250,6 +273,16 @@ class HFBackend(InferenceBackend):
         if mode not in ("abort", "in_place"):
             raise InvalidRequestError(f"update_weights: mode must be 'abort' or 'in_place', got {mode!r}")
         self._no_update = trio.Event()
+        if self._server is not None:
+            self.update_requested.set()
+            try:
+                state = await trio.to_thread.run_sync(self._read_state, source)
+                await self._server.update_weights(lambda: self._load_state(state), version, mode)
+                self._stats["weight_updates"] += 1
+            finally:
+                self.update_requested.clear()
+                self._no_update.set()
+            return
         try:
             if mode == "abort":
                 self._abort_flag = True

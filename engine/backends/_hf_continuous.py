@@ -1,0 +1,266 @@
+"""``HFBackend(mode="continuous")``: transformers' continuous batching, bridged to trio.
+
+transformers' ``ContinuousBatchingManager`` runs its decoding loop in a
+background thread; requests join and leave the running batch independently.
+Its result handlers are asyncio-only, so a pump thread drains ``get_result``
+and routes each streamed output into the trio loop (``trio.from_thread``), as
+measured in ``TOOLING_NOTES.md`` §5.  One trio task per request waits for its
+result inside the job's cancel scope; withdrawing the job cancels the request in
+the manager (its slot is freed).
+
+Supported per request: ``temperature``, ``top_k``, ``top_p`` (per-request
+logits processors), the token budget, stop token ids / EOS (``ignore_eos``
+honoured) and stop strings (checked on streamed text; the request is cancelled
+at the match).  Not supported (a clear :class:`InvalidRequestError`; use
+``mode="static"``): ``greedy``, ``seed``, ``min_new_tokens``,
+``frequency_penalty``.  Logprobs are those of transformers' ``return_logprobs``:
+the log-softmax of the processed scores, the same semantics as static mode.
+
+Weight updates: ``"abort"`` cancels every running request and replies
+``"abort"`` with its tokens so far (the engine resumes them); ``"in_place"``
+holds ``manager.pause()`` (between two decoding steps; cache and requests kept),
+records the version boundary of every running request after the pump has
+routed every output produced before the pause, and swaps the weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import outcome
+import trio
+
+from ..errors import BackendError, InvalidRequestError
+from ..types import ModelResponse
+from .base import GenerationJob
+
+if TYPE_CHECKING:
+    from .hf import HFBackend
+
+logger = logging.getLogger(__name__)
+
+_NO_TOP_K = 100_000_000
+#: the base warpers must exist for per-request values to apply (transformers
+#: only builds a warper whose config value is not neutral)
+_BASE_TEMPERATURE, _BASE_TOP_P = 0.5, 0.5
+
+
+@dataclass(eq=False)
+class _Live:
+    job: GenerationJob
+    rid: str
+    version: int
+    stop_ids: frozenset[int]
+    start: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    boundaries: list[tuple[int, int]] = field(default_factory=list)
+    ttft: float | None = None
+    result: outcome.Outcome[ModelResponse] | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class ContinuousServer:
+    """The continuous-batching half of :class:`HFBackend` (see the module docstring)."""
+
+    def __init__(self, backend: HFBackend, *, cache_tokens: int, page_size: int) -> None:
+        self.backend = backend
+        self.cache_tokens = cache_tokens
+        self.page_size = page_size
+        self.manager: Any = None
+        self._live: dict[str, _Live] = {}
+        self._ids = itertools.count()
+        self._pump_lock = threading.Lock()
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _start_manager(self) -> None:
+        import torch
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        b = self.backend
+        gen = GenerationConfig(do_sample=True, temperature=_BASE_TEMPERATURE, top_k=b.vocab_size,
+                               top_p=_BASE_TOP_P, eos_token_id=-1, max_new_tokens=1024,
+                               pad_token_id=b.tokenizer.pad_token_id or 0)
+        cbc = ContinuousBatchingConfig(
+            page_size=self.page_size, num_blocks=max(4, math.ceil(self.cache_tokens / self.page_size)),
+            max_batch_tokens=max(self.page_size, min(self.cache_tokens, 4096)),
+            max_requests_per_batch=b.max_batch_size, return_logprobs=True, per_request_processors=True,
+            # no prefix sharing: cached blocks would outlive a weight update (stale KV)
+            allow_block_sharing=False,
+        )
+        with torch.inference_mode():
+            self.manager = b.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
+        self.manager.start()
+
+    async def run(self, jobs: trio.MemoryReceiveChannel[GenerationJob]) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        await trio.to_thread.run_sync(self._start_manager)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_pump)
+                async with jobs:
+                    async for job in jobs:
+                        if job.withdrawn:
+                            continue
+                        problem = self.unsupported(job)
+                        if problem:
+                            job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
+                            continue
+                        await self.backend._no_update.wait()
+                        nursery.start_soon(self._serve, job)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._stop_manager)
+
+    async def _run_pump(self) -> None:
+        await trio.to_thread.run_sync(self._pump, abandon_on_cancel=True)
+
+    def _stop_manager(self) -> None:
+        if self.manager is not None:
+            self.manager.stop(block=True)
+            self.backend.model.destroy_cached_continuous_batching_manager()
+            self.manager = None
+
+    @staticmethod
+    def unsupported(job: GenerationJob) -> str | None:
+        g = job.request.gconfig
+        for name, bad in (("greedy", g.greedy), ("seed", g.seed is not None), ("min_new_tokens", g.min_new_tokens),
+                          ("frequency_penalty", g.frequency_penalty), ("image_data", job.request.image_data)):
+            if bad:
+                return f"hf backend mode='continuous' does not support gconfig.{name}; use mode='static'"
+        return None
+
+    # -- one request -----------------------------------------------------------------------
+    async def _serve(self, job: GenerationJob) -> None:
+        b = self.backend
+        req, g = job.request, job.request.gconfig
+        live = _Live(job, f"{req.rid}#{next(self._ids)}", b.version,  # version read before sending (PR #1569)
+                     frozenset(b._stop_ids(req)), trio.current_time())
+        self._live[live.rid] = live
+        b._stats["requests_running"] += 1
+        try:
+            with job.cancel_scope:
+                self.manager.add_request(
+                    list(req.input_ids), request_id=live.rid, max_new_tokens=job.budget, streaming=True,
+                    eos_token_id=sorted(live.stop_ids) or -1, temperature=float(max(g.temperature, 1e-5)),
+                    top_k=int(min(g.top_k, b.vocab_size)), top_p=float(g.top_p),
+                )
+                await live.done.wait()
+        finally:
+            b._stats["requests_running"] -= 1
+            if self._live.pop(live.rid, None) is not None and live.result is None:
+                self.manager.cancel_request(live.rid)  # withdrawn: free its slot
+        if live.result is not None and not job.withdrawn:
+            job.reply(live.result)
+
+    def _pump(self) -> None:
+        """Worker thread: route every streamed output into the trio loop.  Holds
+        ``_pump_lock`` from taking an output until it is routed."""
+        manager = self.manager
+        while manager is not None and manager.is_running():
+            with self._pump_lock:
+                out = manager.get_result(timeout=0.05)
+                if out is None:
+                    continue
+                try:
+                    trio.from_thread.run_sync(self._route, out, trio_token=self._token)
+                except trio.RunFinishedError:
+                    return
+
+    def _route(self, out: Any) -> None:
+        live = self._live.get(out.request_id)
+        if live is None:
+            return  # withdrawn or already answered (abort)
+        if live.ttft is None and out.generated_tokens:
+            live.ttft = trio.current_time() - live.start
+        live.tokens = list(out.generated_tokens)
+        live.logprobs = [float(x) for x in out.logprobs]
+        stop_hit = self._stop_string_cut(live)
+        if out.error:
+            self._finish(live, error=BackendError(f"request {live.job.request.rid}: {out.error}"))
+        elif stop_hit or out.is_finished():
+            self._finish(live)
+
+    def _stop_string_cut(self, live: _Live) -> bool:
+        stops = live.job.request.gconfig.stop
+        if not stops:
+            return False
+        decode = self.backend.tokenizer.decode
+        for k in range(1, len(live.tokens) + 1):
+            if any(s in decode(live.tokens[:k], skip_special_tokens=False) for s in stops):
+                del live.tokens[k:], live.logprobs[k:]  # the cut is at the match
+                self.manager.cancel_request(live.rid)
+                return True
+        return False
+
+    def _finish(self, live: _Live, *, error: Exception | None = None, aborted: bool = False) -> None:
+        self._live.pop(live.rid, None)
+        if error is not None:
+            live.result = outcome.Error(error)
+        else:
+            n = min(len(live.tokens), live.job.budget)
+            tokens, logprobs = live.tokens[:n], live.logprobs[:n]
+            if tokens and tokens[-1] in live.stop_ids:
+                reason = "stop"
+            elif n >= live.job.budget:
+                reason = "length"
+            elif aborted:
+                reason = "abort"
+            else:
+                reason = "stop"  # a stop string
+            versions = [live.version] * n
+            for step, version in live.boundaries:
+                versions[step:] = [version] * max(0, n - step)
+            b = self.backend
+            b._stats["requests_served"] += 1
+            b._stats["tokens_generated"] += n
+            b._stats["aborts"] += reason == "abort"
+            live.result = outcome.Value(ModelResponse(
+                input_tokens=list(live.job.request.input_ids), output_tokens=tokens, output_logprobs=logprobs,
+                output_versions=versions, stop_reason=reason, latency=trio.current_time() - live.start,
+                ttft=live.ttft if live.ttft is not None else float("inf"),
+            ))
+        live.done.set()
+
+    # -- weight updates ------------------------------------------------------------------------
+    async def update_weights(self, state_loader: Any, version: int, mode: str) -> None:
+        """Called by :meth:`HFBackend.update_weights` with dispatch already gated."""
+        if mode == "abort":
+            for live in list(self._live.values()):
+                self.manager.cancel_request(live.rid)
+                self._finish(live, aborted=True)
+            await trio.to_thread.run_sync(self._paused_call, state_loader)
+            self.backend.version = version
+            return
+        pause = self.manager.pause()
+        await trio.to_thread.run_sync(pause.__enter__)
+        try:
+            await trio.to_thread.run_sync(self._wait_routed)
+            await trio.to_thread.run_sync(state_loader)
+            self.backend.version = version
+            for live in self._live.values():
+                live.boundaries.append((len(live.tokens), version))
+        finally:
+            await trio.to_thread.run_sync(pause.__exit__, None, None, None)
+
+    def _paused_call(self, fn: Any) -> None:
+        with self.manager.pause():
+            fn()
+
+    def _wait_routed(self) -> None:
+        """Thread, loop paused: return once every output produced before the
+        pause has been routed (the pump holds its lock from get to route)."""
+        queue = self.manager.output_router.output_queue
+        pause = threading.Event()
+        while True:
+            with self._pump_lock:
+                if queue.empty():
+                    return
+            pause.wait(0.001)  # let the pump take the lock

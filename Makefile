@@ -16,7 +16,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test bench clean
+.PHONY: install model run test test-smollm2 bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,15 @@ model: $(VENV)/.model
 run: $(VENV)/.model
 	$(BIN)/rollout run $(RUN_ARGS)
 
+# The default suite runs offline in a few minutes on 2 cores.  Tests marked
+# smollm2 (the real 135M model, several minutes) run with `make test-smollm2`.
+TEST_ARGS ?= -m "not smollm2"
+
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(TEST_ARGS)
+
+test-smollm2: $(VENV)/.model
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m smollm2 -s
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_engine.py

@@ -1,13 +1,19 @@
-"""Reward functions and the killable reward worker pool.
+"""Reward functions, stateful reward actors and the killable reward worker pool.
 
 Public names are exported lazily (module ``__getattr__``): reward worker
-processes unpickle ``rewards.math.gsm8k_reward`` and ``rewards._worker.run_job``,
+processes unpickle ``rewards.gsm8k.gsm8k_reward`` and ``rewards._worker.run_job``,
 which imports this package first, and they should not pay for trio,
 trio-parallel or the engine.  Nothing here imports torch or transformers.
 
 - :func:`open_reward_pool` / :class:`RewardPool`: timeout, retry, fallback and
-  kill policy (AReaL ``AsyncRewardWrapper``, ``areal/api/reward_api.py``).
-- :func:`gsm8k_reward`, :func:`extract_answer`: GSM8K answer checking.
+  kill policy (AReaL ``AsyncRewardWrapper``, ``areal/api/reward_api.py``),
+  optional micro-batching; :func:`current_reward_pool`,
+  :func:`collect_reward_outcomes` (per-episode fallback flag).
+- :class:`RewardActor`: ``setup()`` once per worker process, then calls.
+- :class:`AsyncRewardWrapper`: AReaL's awaitable wrapper on our pool.
+- Built-in rewards: :func:`gsm8k_reward` (``rewards.gsm8k``), :func:`math_reward`
+  (``rewards.math``, math-verify), :func:`format_reward` / :func:`weighted_sum`
+  (``rewards.format``), :func:`code_reward` (``rewards.code``).
 """
 
 from __future__ import annotations
@@ -16,26 +22,53 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "AsyncRewardWrapper",
+    "RewardActor",
     "RewardOutcome",
     "RewardPool",
     "RewardPoolStatistics",
+    "code_reward",
+    "collect_reward_outcomes",
+    "current_reward_pool",
     "extract_answer",
+    "format_reward",
     "gsm8k_reward",
+    "math_reward",
     "open_reward_pool",
+    "weighted_sum",
 ]
 
 _LAZY = {
-    "RewardOutcome": "rewards._pool",
+    "AsyncRewardWrapper": "rewards._wrapper",
+    "RewardActor": "rewards._actor",
+    "RewardOutcome": "rewards._outcome",
     "RewardPool": "rewards._pool",
-    "RewardPoolStatistics": "rewards._pool",
-    "extract_answer": "rewards.math",
-    "gsm8k_reward": "rewards.math",
+    "RewardPoolStatistics": "rewards._outcome",
+    "code_reward": "rewards.code",
+    "collect_reward_outcomes": "rewards._outcome",
+    "current_reward_pool": "rewards._outcome",
+    "extract_answer": "rewards.gsm8k",
+    "format_reward": "rewards.format",
+    "gsm8k_reward": "rewards.gsm8k",
+    "math_reward": "rewards.math",
     "open_reward_pool": "rewards._pool",
+    "weighted_sum": "rewards.format",
 }
 
 if TYPE_CHECKING:
-    from ._pool import RewardOutcome, RewardPool, RewardPoolStatistics, open_reward_pool
-    from .math import extract_answer, gsm8k_reward
+    from ._actor import RewardActor
+    from ._outcome import (
+        RewardOutcome,
+        RewardPoolStatistics,
+        collect_reward_outcomes,
+        current_reward_pool,
+    )
+    from ._pool import RewardPool, open_reward_pool
+    from ._wrapper import AsyncRewardWrapper
+    from .code import code_reward
+    from .format import format_reward, weighted_sum
+    from .gsm8k import extract_answer, gsm8k_reward
+    from .math import math_reward
 
 
 def __getattr__(name: str) -> Any:

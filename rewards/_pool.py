@@ -19,13 +19,17 @@ Where we differ (**ours**):
 * The timeout covers one attempt's execution (including starting a fresh worker
   process, about 0.2-1 s for "spawn"), not the wait for a free worker: AReaL's
   ``asyncio.wait_for`` also counts time queued behind busy workers.
-* Fallbacks are flagged (:attr:`RewardOutcome.is_fallback`) and counted
-  (:meth:`RewardPool.statistics`).
+* Fallbacks are flagged (:attr:`RewardOutcome.is_fallback`), counted
+  (:meth:`RewardPool.statistics`) and can be collected per episode
+  (:func:`collect_reward_outcomes`).
 * A return value that is not a finite real number, and a function or argument
   that cannot be pickled, raise :class:`~engine.errors.RewardError` at once
   (deterministic, so never retried).
 * ``async def`` reward functions (I/O-bound judges) run in-process as trio calls
   under the same timeout/retry/fallback policy; they do not take worker slots.
+* Stateful :class:`~rewards.RewardActor` s: ``setup()`` once per worker process,
+  under its own ``setup_timeout_seconds`` (see :mod:`rewards._actor`).
+* Optional micro-batching (``batch_size > 1``): see :mod:`rewards._batch`.
 
 Timeouts, worker deaths and exceptions are all retried, up to ``max_retries``
 times; the failure of the *last* attempt decides the result: a timeout gives the
@@ -38,6 +42,10 @@ Exceptions raised by :meth:`RewardPool.score`:
   pickled, or unpickled in the worker.
 * ``trio.Cancelled``: the caller was cancelled; the worker was killed first.
 * ``trio.ClosedResourceError``: the pool's ``async with`` block has exited.
+
+While a pool's ``async with`` block is open, :func:`current_reward_pool` returns
+it in that task and in tasks started from it afterwards (a context variable), so
+that :class:`~rewards.AsyncRewardWrapper` finds the engine's pool.
 """
 
 from __future__ import annotations
@@ -48,10 +56,11 @@ import inspect
 import logging
 import math
 import os
+import pickle
 import sys
+import types
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pickle import HIGHEST_PROTOCOL
 from typing import Any
 
@@ -61,16 +70,45 @@ import trio_parallel
 from engine.errors import RewardError
 
 from . import _worker
+from ._actor import RewardActor
+from ._batch import Batcher, BatchFailed
+from ._outcome import (
+    _COLLECTOR,
+    _CURRENT_POOL,
+    RewardOutcome,
+    RewardPoolStatistics,
+    _percentile,
+    collect_reward_outcomes,
+    current_reward_pool,
+)
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 try:  # mirror trio-parallel: cloudpickle when installed (lambdas, __main__), else pickle
-    from cloudpickle import dumps as _dumps
+    from cloudpickle import dumps as _cloud_dumps
 except ImportError:  # pragma: no cover - cloudpickle comes with tensordict
-    from pickle import dumps as _dumps
+    from pickle import dumps as _cloud_dumps
+
+
+def _dumps(obj: Any, protocol: int = HIGHEST_PROTOCOL) -> bytes:
+    """Pickle ``obj`` for a worker: plain pickle (twice as fast) when it can do
+    it without naming ``__main__``, else cloudpickle (by value: lambdas, nested
+    functions, things defined in ``__main__``)."""
+    try:
+        data = pickle.dumps(obj, protocol=protocol)
+    except Exception:
+        return _cloud_dumps(obj, protocol=protocol)
+    if b"__main__" in data:  # a spawn worker may have no such module to load it from
+        return _cloud_dumps(obj, protocol=protocol)
+    return data
 
 __all__ = [
     "RewardOutcome",
     "RewardPool",
     "RewardPoolStatistics",
+    "collect_reward_outcomes",
+    "current_reward_pool",
     "default_max_workers",
     "open_reward_pool",
 ]
@@ -80,57 +118,6 @@ logger = logging.getLogger(__name__)
 WORKER_TYPES = ("spawn", "forkserver")  # never "fork": it hangs once torch is loaded
 LATENCY_WINDOW = 4096  # successful calls kept for the latency percentiles
 
-
-@dataclass(frozen=True)
-class RewardOutcome:
-    """The result of one :meth:`RewardPool.score` call.
-
-    Attributes:
-        reward: the reward, or the pool's ``fallback_reward`` if every attempt
-            timed out.
-        is_fallback: True when ``reward`` is the fallback, not a computed value.
-        attempts: attempts made, 1 to ``max_retries + 1``.
-        latency_s: seconds from the call to its result (trio clock), including
-            waiting for a free worker and all retries.
-    """
-
-    reward: float
-    is_fallback: bool
-    attempts: int
-    latency_s: float
-
-
-@dataclass(frozen=True)
-class RewardPoolStatistics:
-    """A snapshot of a :class:`RewardPool` (see :meth:`RewardPool.statistics`).
-
-    Attributes:
-        calls: ``score`` calls started.
-        successes: calls that returned a computed reward.
-        timeouts: attempts that timed out (each killed its worker).
-        retries: attempts after the first, for any reason.
-        fallbacks: calls that returned the fallback reward after timeouts.
-        errors: calls that raised :class:`~engine.errors.RewardError`.
-        worker_deaths: attempts whose worker process died.
-        cancelled: calls cancelled by their caller.
-        busy: calls in flight now (running or waiting for a worker).
-        max_workers: the most worker processes running at once.
-        latency_p50_s, latency_p99_s: latency percentiles in seconds over the
-            last 4096 successful calls; None before the first success.
-    """
-
-    calls: int
-    successes: int
-    timeouts: int
-    retries: int
-    fallbacks: int
-    errors: int
-    worker_deaths: int
-    cancelled: int
-    busy: int
-    max_workers: int
-    latency_p50_s: float | None
-    latency_p99_s: float | None
 
 
 def default_max_workers() -> int:
@@ -152,27 +139,39 @@ def default_max_workers() -> int:
 
 
 def _describe_fn(fn: Any) -> str:
-    qualname = getattr(fn, "__qualname__", None)
+    target = fn if hasattr(fn, "__qualname__") else type(fn)  # an instance: its class
+    qualname = getattr(target, "__qualname__", None)
     if qualname is None:
         return repr(fn)
-    module = getattr(fn, "__module__", None)
+    module = getattr(target, "__module__", None)
     return f"{module}.{qualname}" if module else qualname
 
 
 def _is_async(fn: Any) -> bool:
+    if type(fn) is types.FunctionType and not fn.__dict__:  # fast path: a plain function
+        return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)  # (no markcoroutinefunction)
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)
     )
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile, ``q`` in (0, 1]."""
-    rank = max(math.ceil(q * len(sorted_values)), 1)
-    return sorted_values[rank - 1]
-
-
 class _Timeout(Exception):
     """Internal: one attempt ran past ``timeout_seconds``."""
+
+
+class _NoLimit:
+    """A no-op stand-in for trio-parallel's limiter (it only uses ``async with``).
+
+    The pool holds its own limiter around the timeout, so that waiting for a
+    worker slot is not timed; a second, real limiter would only add two
+    scheduler round trips per call.
+    """
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
 
 
 class RewardPool:
@@ -190,6 +189,8 @@ class RewardPool:
         max_retries: int,
         fallback_reward: float,
         worker_type: str,
+        batch_size: int = 1,
+        max_batch_delay_s: float = 0.0,
     ) -> None:
         self._ctx = context
         self.max_workers = max_workers
@@ -197,17 +198,23 @@ class RewardPool:
         self.max_retries = max_retries
         self.fallback_reward = fallback_reward
         self.worker_type = worker_type
+        self.batch_size = batch_size
+        self.max_batch_delay_s = max_batch_delay_s
         self._limiter = trio.CapacityLimiter(max_workers)  # worker slots
-        self._unlimited = trio.CapacityLimiter(math.inf)  # our limiter is held instead
+        self._unlimited = _NoLimit()  # our limiter is held instead, outside the timeout
+        self._batcher: Batcher | None = None  # set by open_reward_pool if batch_size > 1
         self._closed = False
         self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._calls = self._successes = self._timeouts = self._retries = 0
         self._fallbacks = self._errors = self._worker_deaths = self._cancelled = 0
+        self._workers_killed = self._batches = self._batch_failures = 0
         self._busy = 0
+        self._local_actors: dict[str, trio.Lock | None] = {}  # async actors set up here
 
     def statistics(self) -> RewardPoolStatistics:
         """Return a snapshot of the counters (also works after close)."""
         latencies = sorted(self._latencies)
+        workers = self._ctx.statistics() if not self._closed else None
         return RewardPoolStatistics(
             calls=self._calls,
             successes=self._successes,
@@ -216,9 +223,15 @@ class RewardPool:
             fallbacks=self._fallbacks,
             errors=self._errors,
             worker_deaths=self._worker_deaths,
+            workers_killed=self._workers_killed,
+            worker_restarts=self._worker_deaths + self._workers_killed,
             cancelled=self._cancelled,
             busy=self._busy,
+            workers_busy=workers.running_workers if workers else 0,
+            workers_idle=workers.idle_workers if workers else 0,
             max_workers=self.max_workers,
+            batches=self._batches,
+            batch_failures=self._batch_failures,
             latency_p50_s=_percentile(latencies, 0.50) if latencies else None,
             latency_p99_s=_percentile(latencies, 0.99) if latencies else None,
         )
@@ -236,7 +249,8 @@ class RewardPool:
         """Compute ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)``.
 
         A sync ``reward_fn`` runs in a worker process, an ``async def`` one
-        in-process.  Each attempt gets ``timeout_seconds``; see the module
+        in-process; a :class:`~rewards.RewardActor` is set up first where
+        needed.  Each attempt gets ``timeout_seconds``; see the module
         docstring for the retry policy.
 
         Returns:
@@ -247,20 +261,48 @@ class RewardPool:
             RewardError: see the module docstring.
             trio.ClosedResourceError: the pool is closed.
         """
+        return await self._score(
+            reward_fn,
+            (prompt, completions, prompt_ids, completion_ids),
+            data,
+            self.timeout_seconds,
+            self.max_retries,
+        )
+
+    async def _score(
+        self,
+        reward_fn: Any,
+        args: tuple,
+        data: dict,
+        timeout_seconds: float,
+        max_retries: int,
+    ) -> RewardOutcome:
+        """:meth:`score` with a per-call policy (used by AsyncRewardWrapper)."""
         if self._closed:
             raise trio.ClosedResourceError("the reward pool is closed")
         name = _describe_fn(reward_fn)
-        args = (prompt, completions, prompt_ids, completion_ids)
         start = trio.current_time()
         self._calls += 1
         self._busy += 1
         try:
             if _is_async(reward_fn):
-                attempt = functools.partial(self._attempt_async, reward_fn, name, args, data)
+                attempt = functools.partial(
+                    self._attempt_async, reward_fn, name, args, data, timeout_seconds
+                )
+                first = attempt
             else:
-                job = self._pickle_job(reward_fn, name, args, data)
-                attempt = functools.partial(self._attempt_in_worker, job, name)
-            outcome = await self._run_with_policy(attempt, name, start)
+                job, setup_timeout = self._pickle_job(reward_fn, name, args, data)
+                attempt = functools.partial(
+                    self._attempt_in_worker, job, name, timeout_seconds, setup_timeout
+                )
+                first = attempt
+                if self._batcher is not None:
+                    first = functools.partial(
+                        self._attempt_batched, job, name, timeout_seconds, setup_timeout
+                    )
+            outcome = await self._run_with_policy(
+                first, attempt, name, start, timeout_seconds, max_retries
+            )
         except RewardError:
             self._errors += 1
             raise
@@ -274,12 +316,21 @@ class RewardPool:
         else:
             self._successes += 1
             self._latencies.append(outcome.latency_s)
+        collector = _COLLECTOR.get()
+        if collector is not None:
+            collector.append(outcome)
         return outcome
 
     @staticmethod
-    def _pickle_job(fn: Any, name: str, args: tuple, data: dict) -> bytes:
+    def _pickle_job(fn: Any, name: str, args: tuple, data: dict) -> tuple[bytes, float | None]:
+        """The job's bytes, and the actor's setup timeout (None: not an actor)."""
+        setup_timeout = None
         try:
-            return _dumps((fn, args, data), protocol=HIGHEST_PROTOCOL)
+            if isinstance(fn, RewardActor):
+                setup_timeout = float(fn.setup_timeout_seconds)
+                payload = _dumps(fn, protocol=HIGHEST_PROTOCOL)
+                fn = _worker.ActorRef(fn.actor_key, payload)
+            return _dumps((fn, args, data), protocol=HIGHEST_PROTOCOL), setup_timeout
         except Exception as exc:
             try:
                 _dumps(fn, protocol=HIGHEST_PROTOCOL)
@@ -290,17 +341,33 @@ class RewardPool:
             raise RewardError(
                 f"{what} cannot be pickled for a worker process: {type(exc).__name__}: {exc} "
                 "(define reward functions at module level and pass picklable data, "
+                "create a RewardActor's unpicklable state in setup(), "
                 "or use an 'async def' reward function, which runs in-process)"
             ) from exc
 
-    async def _attempt_in_worker(self, job: bytes, name: str) -> float:
-        async with self._limiter:  # held outside the timeout: queueing is not timed
-            with trio.move_on_after(self.timeout_seconds) as scope:
-                tag, value = await self._ctx.run_sync(
-                    _worker.run_job, job, kill_on_cancel=True, limiter=self._unlimited
+    async def _run_job(self, function: Any, *args: Any, timeout: float) -> Any:
+        """``function(*args)`` in a worker (slot already held); kill it on timeout.
+
+        Raises:
+            _Timeout: the job ran past ``timeout``; its worker was killed.
+            trio_parallel.BrokenWorkerError: the worker died.
+        """
+        try:
+            with trio.move_on_after(timeout) as scope:
+                return await self._ctx.run_sync(
+                    function, *args, kill_on_cancel=True, limiter=self._unlimited
                 )
-        if scope.cancelled_caught:
-            raise _Timeout
+        except trio.Cancelled:
+            self._workers_killed += 1
+            raise
+        except trio_parallel.BrokenWorkerError:
+            self._worker_deaths += 1
+            raise
+        assert scope.cancelled_caught
+        self._workers_killed += 1
+        raise _Timeout
+
+    def _check(self, tag: str, value: Any, name: str) -> float:
         if tag == _worker.LOAD_FAILED:
             raise RewardError(
                 f"reward function {name} or its arguments could not be unpickled in the "
@@ -308,10 +375,49 @@ class RewardPool:
             )
         if tag == _worker.INVALID:
             raise RewardError(f"reward function {name} returned {value}")
+        assert tag == _worker.OK, tag
         return value
 
-    async def _attempt_async(self, fn: Any, name: str, args: tuple, data: dict) -> float:
-        with trio.move_on_after(self.timeout_seconds) as scope:
+    async def _attempt_in_worker(
+        self, job: bytes, name: str, timeout: float, setup_timeout: float | None
+    ) -> float:
+        try:  # the slot is held outside the timeout: queueing is not timed
+            self._limiter.acquire_nowait()  # fast path: no scheduler round trip
+        except trio.WouldBlock:
+            await self._limiter.acquire()
+        try:
+            if setup_timeout is None:
+                tag, value = await self._run_job(_worker.run_job, job, timeout=timeout)
+            else:  # an actor: the call alone, then, if not set up there, setup + call
+                tag, value = await self._run_job(_worker.run_job, job, False, timeout=timeout)
+                if tag == _worker.NOT_SET_UP:
+                    tag, value = await self._run_job(
+                        _worker.run_job, job, True, timeout=setup_timeout + timeout
+                    )
+        finally:
+            self._limiter.release()
+        return self._check(tag, value, name)
+
+    async def _attempt_batched(
+        self, job: bytes, name: str, timeout: float, setup_timeout: float | None
+    ) -> float:
+        assert self._batcher is not None
+        try:
+            tag, value = await self._batcher.run(job, timeout)
+        except BatchFailed:  # another call's hang or crash: run this one on its own
+            return await self._attempt_in_worker(job, name, timeout, setup_timeout)
+        if tag == _worker.NOT_SET_UP:
+            return await self._attempt_in_worker(job, name, timeout, setup_timeout)
+        if tag == _worker.RAISED:
+            raise value
+        return self._check(tag, value, name)
+
+    async def _attempt_async(
+        self, fn: Any, name: str, args: tuple, data: dict, timeout: float
+    ) -> float:
+        if isinstance(fn, RewardActor):
+            await self._setup_local_actor(fn)
+        with trio.move_on_after(timeout) as scope:
             tag, value = _worker.as_reward(await fn(*args, **data))
         if scope.cancelled_caught:
             raise _Timeout
@@ -319,10 +425,33 @@ class RewardPool:
             raise RewardError(f"reward function {name} returned {value}")
         return value
 
+    async def _setup_local_actor(self, actor: RewardActor) -> None:
+        """Run an in-process actor's setup() once per pool (sync or async)."""
+        key = actor.actor_key
+        if key in self._local_actors and self._local_actors[key] is None:
+            return  # set up
+        lock = self._local_actors.setdefault(key, trio.Lock())
+        async with lock:
+            if self._local_actors.get(key) is None:
+                return  # set up by a concurrent call while we waited
+            with trio.move_on_after(float(actor.setup_timeout_seconds)) as scope:
+                result = actor.setup()
+                if inspect.isawaitable(result):
+                    await result
+            if scope.cancelled_caught:
+                raise _Timeout
+            self._local_actors[key] = None
+
     async def _run_with_policy(
-        self, attempt: Callable[[], Any], name: str, start: float
+        self,
+        first: Callable[[], Any],
+        attempt: Callable[[], Any],
+        name: str,
+        start: float,
+        timeout_seconds: float,
+        max_retries: int,
     ) -> RewardOutcome:
-        attempts = self.max_retries + 1
+        attempts = max_retries + 1
         failure, error = "timeout", None  # why the latest attempt failed
         for number in range(1, attempts + 1):
             if number > 1:
@@ -330,7 +459,7 @@ class RewardPool:
             last = number == attempts
             then = "giving up" if last else "retrying"
             try:
-                reward = await attempt()
+                reward = await (first if number == 1 else attempt)()
             except _Timeout:
                 self._timeouts += 1
                 failure, error = "timeout", None
@@ -338,10 +467,9 @@ class RewardPool:
                     logger.warning(
                         "reward function %s timed out after %s s (attempt %s/%s); "
                         "worker killed; retrying",
-                        name, self.timeout_seconds, number, attempts,
+                        name, timeout_seconds, number, attempts,
                     )
             except trio_parallel.BrokenWorkerError as exc:
-                self._worker_deaths += 1
                 failure, error = "died", exc
                 logger.warning(
                     "worker process died while running reward function %s "
@@ -376,7 +504,7 @@ class RewardPool:
         logger.warning(
             "reward function %s timed out after %s s on each of %s attempts; "
             "returning fallback reward %s",
-            name, self.timeout_seconds, attempts, self.fallback_reward,
+            name, timeout_seconds, attempts, self.fallback_reward,
         )
         return RewardOutcome(
             reward=self.fallback_reward,
@@ -386,27 +514,37 @@ class RewardPool:
         )
 
 
+def _check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(
+            f"{name} must be {kind} number of seconds (math.inf for none), got {value!r}"
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
 def _validate(
     max_workers: int,
     timeout_seconds: float,
     max_retries: int,
     fallback_reward: float,
     worker_type: str,
+    batch_size: int = 1,
+    max_batch_delay_s: float = 0.0,
 ) -> None:
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
-    if (
-        isinstance(timeout_seconds, bool)
-        or not isinstance(timeout_seconds, (int, float))
-        or math.isnan(timeout_seconds)
-        or timeout_seconds <= 0
-    ):
-        raise ValueError(
-            f"timeout_seconds must be a positive number of seconds (math.inf for none), "
-            f"got {timeout_seconds!r}"
-        )
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+    _check_int("max_workers", max_workers, 1)
+    _check_seconds("timeout_seconds", timeout_seconds)
+    _check_int("max_retries", max_retries, 0)
     if (
         isinstance(fallback_reward, bool)
         or not isinstance(fallback_reward, (int, float))
@@ -415,6 +553,10 @@ def _validate(
         raise ValueError(f"fallback_reward must be a finite number, got {fallback_reward!r}")
     if worker_type not in WORKER_TYPES:
         raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {worker_type!r}")
+    _check_int("batch_size", batch_size, 1)
+    _check_seconds("max_batch_delay_s", max_batch_delay_s, allow_zero=True)
+    if math.isinf(max_batch_delay_s):
+        raise ValueError(f"max_batch_delay_s must be finite, got {max_batch_delay_s!r}")
 
 
 @asynccontextmanager
@@ -425,6 +567,8 @@ async def open_reward_pool(
     max_retries: int = 3,
     fallback_reward: float = 0.0,
     worker_type: str = "spawn",
+    batch_size: int = 1,
+    max_batch_delay_s: float = 0.0,
 ) -> AsyncIterator[RewardPool]:
     """Open a :class:`RewardPool` whose workers live as long as the ``async with`` block.
 
@@ -436,17 +580,25 @@ async def open_reward_pool(
         fallback_reward: the reward returned, flagged, after the last timeout.
         worker_type: ``"spawn"`` or ``"forkserver"`` (never fork: it can hang
             once torch is loaded in the parent).
+        batch_size: the most sync calls sent to a worker in one job (1: no
+            micro-batching).  See :mod:`rewards._batch`.
+        max_batch_delay_s: how long a batch may wait for more calls once a
+            worker is free (0: take what is queued and go).
 
     Raises:
         ValueError: an argument is out of range (the message names it).
 
-    On exit the pool is closed (``score`` raises ``trio.ClosedResourceError``)
-    and idle workers are shut down; exiting waits for running workers, so keep
-    the tasks that call ``score`` inside the block.
+    On exit the pool is closed (``score`` raises ``trio.ClosedResourceError``),
+    running batches are killed and the worker processes are shut down and
+    reaped; exiting waits for running worker jobs, so keep the tasks that call
+    ``score`` inside the block.
     """
     if max_workers is None:
         max_workers = default_max_workers()
-    _validate(max_workers, timeout_seconds, max_retries, fallback_reward, worker_type)
+    _validate(
+        max_workers, timeout_seconds, max_retries, fallback_reward, worker_type,
+        batch_size, max_batch_delay_s,
+    )
     async with trio_parallel.open_worker_context(
         worker_type=trio_parallel.WorkerType(worker_type)
     ) as context:
@@ -457,8 +609,39 @@ async def open_reward_pool(
             max_retries=max_retries,
             fallback_reward=float(fallback_reward),
             worker_type=worker_type,
+            batch_size=batch_size,
+            max_batch_delay_s=float(max_batch_delay_s),
         )
+        token = _CURRENT_POOL.set(pool)
         try:
-            yield pool
+            if batch_size == 1:
+                yield pool
+            else:
+                async with _batching(pool) as batching_pool:
+                    yield batching_pool
         finally:
             pool._closed = True
+            try:
+                _CURRENT_POOL.reset(token)
+            except ValueError:  # exited in another context than it was entered in
+                pass
+
+
+@asynccontextmanager
+async def _batching(pool: RewardPool) -> AsyncIterator[RewardPool]:
+    """Run ``pool``'s batcher task for the block; cancel it (killing running
+    batches) on exit.  The nursery is hidden: a single exception from the body
+    comes out unwrapped, as it does without batching."""
+    try:
+        async with trio.open_nursery() as nursery:
+            pool._batcher = Batcher(pool, nursery, pool.batch_size, pool.max_batch_delay_s)
+            nursery.start_soon(pool._batcher.loop)
+            try:
+                yield pool
+            finally:
+                pool._closed = True
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -7,7 +7,11 @@ pickle it by reference.
 The parent pickles ``(reward_fn, args, kwargs)`` itself (see
 :mod:`rewards._pool`) so that an unpicklable function or argument is reported
 with a clear message before any process is involved, and so that the bytes are
-made once per call, not once per attempt.
+made once per call, not once per attempt.  A :class:`~rewards.RewardActor`
+travels as an :class:`ActorRef` (its key and its own pickled bytes): the
+worker keeps set-up actors in a per-process registry keyed by ``actor_key``
+and unpickles and sets up an actor only the first time it sees its key (see
+:mod:`rewards._actor`).
 
 :func:`run_job` returns a tagged tuple instead of raising for everything the
 parent must not retry:
@@ -16,10 +20,15 @@ parent must not retry:
 * ``(INVALID, description)``: the function returned something that is not a
   finite real number (the description names its type);
 * ``(LOAD_FAILED, description)``: the job could not be unpickled in the worker
-  (for example its module cannot be imported there).
+  (for example its module cannot be imported there);
+* ``(NOT_SET_UP, None)``: the job is an actor call, setup was not allowed, and
+  this worker has not set the actor up (the parent re-sends it allowing setup,
+  under the actor's setup timeout).
 
 An exception raised by the reward function itself propagates unchanged;
 trio-parallel sends it back with its worker-side traceback (tblib).
+:func:`run_batch` runs several jobs in one round trip and returns one tagged
+result per job, an exception as ``(RAISED, exception)``.
 """
 
 from __future__ import annotations
@@ -30,11 +39,27 @@ import numbers
 import pickle
 from typing import Any
 
-__all__ = ["INVALID", "LOAD_FAILED", "OK", "as_reward", "describe_value", "run_job"]
+__all__ = [
+    "INVALID",
+    "LOAD_FAILED",
+    "NOT_SET_UP",
+    "OK",
+    "RAISED",
+    "ActorRef",
+    "as_reward",
+    "describe_value",
+    "run_batch",
+    "run_job",
+]
 
 OK = "ok"
 INVALID = "invalid"
 LOAD_FAILED = "load_failed"
+NOT_SET_UP = "not_set_up"
+RAISED = "raised"
+
+#: Set-up reward actors of this process, by ``actor_key``.
+_ACTORS: dict[str, Any] = {}
 
 _REPR_CHARS = 80
 
@@ -98,14 +123,76 @@ def as_reward(value: Any) -> tuple[str, Any]:
     return OK, result
 
 
-def run_job(job: bytes) -> tuple[str, Any]:
+class ActorRef:
+    """A reward actor in a job: its key and its pickled bytes (unpickled only
+    by a worker that has not set it up yet)."""
+
+    __slots__ = ("key", "payload")
+
+    def __init__(self, key: str, payload: bytes) -> None:
+        self.key = key
+        self.payload = payload
+
+    def __reduce__(self) -> tuple[Any, tuple[str, bytes]]:
+        return ActorRef, (self.key, self.payload)
+
+
+def run_job(job: bytes, allow_setup: bool = True) -> tuple[str, Any]:
     """Unpickle ``(reward_fn, args, kwargs)``, call it, return a tagged result.
 
+    If ``reward_fn`` is an :class:`ActorRef` whose actor this process has not
+    set up, it is unpickled and its ``setup()`` run first, unless
+    ``allow_setup`` is False: then ``(NOT_SET_UP, None)`` comes back.
+
     Raises:
-        Exception: whatever the reward function raises, unchanged.
+        Exception: whatever the reward function (or the actor's ``setup()``)
+            raises, unchanged.
     """
     try:
         reward_fn, args, kwargs = pickle.loads(job)
     except Exception as exc:
         return LOAD_FAILED, f"{type(exc).__name__}: {exc}"
+    if isinstance(reward_fn, ActorRef):
+        ref = reward_fn
+        reward_fn = _ACTORS.get(ref.key)
+        if reward_fn is None:
+            if not allow_setup:
+                return NOT_SET_UP, None
+            try:
+                reward_fn = pickle.loads(ref.payload)
+            except Exception as exc:
+                return LOAD_FAILED, f"{type(exc).__name__}: {exc}"
+            reward_fn.setup()  # an exception here is the reward's exception
+            _ACTORS[ref.key] = reward_fn
     return as_reward(reward_fn(*args, **kwargs))
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` made picklable with its traceback, or a RuntimeError naming it."""
+    try:
+        from tblib.pickling_support import install  # comes with trio-parallel
+
+        install(exc)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        pickle.loads(pickle.dumps(exc))  # some exceptions pickle but do not unpickle
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def run_batch(jobs: list[bytes]) -> list[tuple[str, Any]]:
+    """Run several jobs (micro-batching); one tagged result per job, in order.
+
+    Actors are not set up here (``NOT_SET_UP``: the parent sends that job on its
+    own, under the setup timeout).  A reward's exception becomes
+    ``(RAISED, exception)`` instead of failing the batch.
+    """
+    results: list[tuple[str, Any]] = []
+    for job in jobs:
+        try:
+            results.append(run_job(job, allow_setup=False))
+        except Exception as exc:
+            results.append((RAISED, _portable(exc)))
+    return results

@@ -1,4 +1,4 @@
-"""Reward functions used by tests/test_rewards.py, run inside real worker processes.
+"""Reward functions and actors used by tests/test_rewards*.py, run in real worker processes.
 
 They live in their own importable module (``tests/`` is on ``sys.path`` under
 pytest's default "prepend" import mode, and spawn workers inherit the parent's
@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+
+from rewards import RewardActor
 
 
 def _log(path: str | None) -> None:
@@ -88,3 +90,86 @@ class LoadsOnlyInParent:
 
     def __reduce__(self):
         return explode_outside, (os.getpid(),)
+
+
+# ------------------------------------------------------------------ reward actors
+
+
+class CountingActor(RewardActor):
+    """Logs each setup() (one pid per line in ``setup_log``); ``__call__`` returns
+    how many calls this instance has served in this process (state survives),
+    or hangs with ``hang=True``."""
+
+    def __init__(self, setup_log: str) -> None:
+        self.setup_log = setup_log
+
+    def setup(self) -> None:
+        _log(self.setup_log)
+        self.served = 0
+
+    def __call__(self, prompt, completions, prompt_ids, completion_ids, *, hang=False, **data):
+        if hang:
+            time.sleep(30)
+        self.served += 1
+        return self.served
+
+
+class PidActor(CountingActor):
+    """Like CountingActor, but returns the worker's pid."""
+
+    def __call__(self, prompt, completions, prompt_ids, completion_ids, **data):
+        time.sleep(data.get("seconds", 0.0))
+        return os.getpid()
+
+
+class SlowSetupActor(RewardActor):
+    """setup() works for ``setup_s`` seconds (a workload: loading a model)."""
+
+    def __init__(self, setup_s: float) -> None:
+        self.setup_s = setup_s
+
+    def setup(self) -> None:
+        time.sleep(self.setup_s)
+
+    def __call__(self, prompt, completions, prompt_ids, completion_ids, **data):
+        return 1.0
+
+
+class BrokenSetupActor(RewardActor):
+    """setup() raises ValueError (logging the attempt)."""
+
+    def __init__(self, setup_log: str) -> None:
+        self.setup_log = setup_log
+
+    def setup(self) -> None:
+        _log(self.setup_log)
+        raise ValueError("no grader today")
+
+    def __call__(self, prompt, completions, prompt_ids, completion_ids, **data):
+        return 1.0
+
+
+class LockInSetupActor(RewardActor):
+    """Unpicklable state made in setup(): fine, setup runs in the worker."""
+
+    def setup(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+    def __call__(self, prompt, completions, prompt_ids, completion_ids, **data):
+        with self.lock:
+            return 0.5
+
+
+class LockInInitActor(LockInSetupActor):
+    """Unpicklable state made in __init__: reported clearly."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def length_reward(prompt, completions, prompt_ids, completion_ids, **data) -> float:
+    return float(len(completions))

@@ -425,7 +425,8 @@ def test_public_names_are_sorted_and_exported():
 
 def test_importing_rewards_does_not_import_heavy_modules():
     code = (
-        "import sys, rewards, rewards.math, rewards._worker\n"
+        "import sys, rewards, rewards.math, rewards._worker, rewards._actor\n"
+        "import rewards.gsm8k, rewards.format, rewards.code\n"
         "heavy = {'torch', 'transformers', 'trio', 'trio_parallel', 'math_verify'}\n"
         "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
         "from rewards import open_reward_pool\n"

@@ -201,6 +201,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             for r in results if r.status == "failed"
         ],
         "trajectories": len(rows),
+        "reward_fallbacks": stats.reward_fallbacks,
         "reward_mean": (sum(r["reward"] for r in rows) / len(rows)) if rows else 0.0,
         "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
         "generated_tokens": n_gen,
@@ -263,6 +264,8 @@ def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
                 "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=False),
                 "completion": tokenizer.decode(completion_ids, skip_special_tokens=True),
                 "reward": float(traj["rewards"][i]),
+                "reward_is_fallback": bool(traj["reward_is_fallback"][i]) if "reward_is_fallback" in traj.keys()
+                else False,
                 "stop_reason": "length" if bool(traj["is_truncated"][i]) else "stop",
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(completion_ids),

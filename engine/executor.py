@@ -85,7 +85,8 @@ class EngineConfig:
         dump_dir: when set, every accepted trajectory is also written as a JSONL
             record under ``dump_dir/<version>/`` (:mod:`engine.dump`).
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
-        reward_worker_type: the reward pool's policy (see :mod:`rewards`).
+        reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
+            reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
     """
 
     max_concurrent_rollouts: int = 256
@@ -101,6 +102,8 @@ class EngineConfig:
     reward_max_retries: int = 3
     reward_max_workers: int | None = None
     reward_worker_type: str = "spawn"
+    reward_batch_size: int = 1
+    reward_max_batch_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_rollouts", "consumer_batch_size"):
@@ -175,6 +178,7 @@ class EngineStatistics:
     paused: bool
     generated_tokens: int
     segments_resumed: int
+    reward_fallbacks: int
     backend: dict[str, Any]
     rewards: Any
 
@@ -241,6 +245,7 @@ class RolloutEngine:
         self._failed_by: collections.Counter[str] = collections.Counter()
         self._generated_tokens = 0
         self._segments_resumed = 0  # generation segments re-sent after an abort
+        self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
         self._data_iters: dict[int, Iterator[Any]] = {}
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
@@ -459,14 +464,18 @@ class RolloutEngine:
         self._ended(result, was_running=True)
 
     async def _episode_result(self, task: _Task) -> EpisodeResult:
+        from rewards import collect_reward_outcomes
+
         outcomes: list[Any] = [None] * task.group_size
 
         async def member(i: int) -> None:
             sample_index.set(i)  # task-local: each member runs in its own task (or context)
-            try:
-                outcomes[i] = await task.workflow.arun_episode(self, task.data)
-            except Exception as exc:
-                outcomes[i] = _leaf(exc)
+            with collect_reward_outcomes() as scored:
+                try:
+                    outcomes[i] = await task.workflow.arun_episode(self, task.data)
+                except Exception as exc:
+                    outcomes[i] = _leaf(exc)
+            self._reward_fallbacks += sum(o.is_fallback for o in scored)
 
         if task.group_size == 1:
             await member(0)  # the episode task's own context
@@ -713,7 +722,7 @@ class RolloutEngine:
             results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
             buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(self.version), version=self.version,
             paused=self.paused, generated_tokens=self._generated_tokens,
-            segments_resumed=self._segments_resumed, backend=self.backend.statistics(),
+            segments_resumed=self._segments_resumed, reward_fallbacks=self._reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
         )
 
@@ -780,5 +789,7 @@ async def _maybe_pool(pool: Any, config: EngineConfig, opener: Any) -> AsyncIter
         yield pool
         return
     async with opener(timeout_seconds=config.reward_timeout_seconds, max_retries=config.reward_max_retries,
-                      max_workers=config.reward_max_workers, worker_type=config.reward_worker_type) as opened:
+                      max_workers=config.reward_max_workers, worker_type=config.reward_worker_type,
+                      batch_size=config.reward_batch_size,
+                      max_batch_delay_s=config.reward_max_batch_delay_s) as opened:
         yield opened

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import trio
 
 from engine.data import concat_padded_tensors, trajectory_from_response
@@ -47,7 +48,10 @@ class RLVRWorkflow(RolloutWorkflow):
     ``data`` must hold ``"messages"`` (a chat); every key is passed to the reward
     function as a keyword argument (GSM8K rows carry ``answer``).
 
-    Returns from :meth:`arun_episode`: a trajectory of batch ``[n_samples]``.
+    Returns from :meth:`arun_episode`: a trajectory of batch ``[n_samples]`` with
+    the fields of ``engine.data.TRAJECTORY_SCHEMA`` plus ``reward_is_fallback
+    [n_samples] bool`` (the reward timed out on every attempt and is the pool's
+    fallback value).
     """
 
     def __init__(
@@ -77,18 +81,20 @@ class RLVRWorkflow(RolloutWorkflow):
         async def one_sample(i: int) -> None:
             req = ModelRequest(input_ids=input_ids, gconfig=sample_cfg, tokenizer=self.tokenizer)
             resp = await engine.agenerate(req)
-            reward = await self._reward(engine, resp, data)
-            trajectories[i] = trajectory_from_response(resp, reward)
+            scored = await self._reward(engine, resp, data)
+            traj = trajectory_from_response(resp, scored.reward)
+            traj["reward_is_fallback"] = torch.tensor([scored.is_fallback])  # [1] bool: never a silent 0.0
+            trajectories[i] = traj
 
         async with trio.open_nursery() as nursery:
             for i in range(n):
                 nursery.start_soon(one_sample, i)
         return concat_padded_tensors(trajectories)
 
-    async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any]) -> float:
+    async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any]) -> Any:
+        """Score one sample in the engine's reward pool -> ``rewards.RewardOutcome``."""
         prompt = self.tokenizer.decode(resp.input_tokens, skip_special_tokens=False)
         completion = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=self.gconfig.skip_special_tokens)
-        result = await engine.reward_pool.score(
+        return await engine.reward_pool.score(
             self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data
         )
-        return result.reward

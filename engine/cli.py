@@ -132,8 +132,11 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the tokenizer and build the backend named by ``--backend``."""
     import torch
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from .models import resolve_model
+
+    hf_logging.disable_progress_bar()  # ours is the only progress bar
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

@@ -220,6 +220,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "temperature": args.temperature,
         "logprob_semantics": backend.logprob_semantics,
         "reward_statistics": _plain(stats.rewards),
+        "backend_statistics": _plain(stats.backend),
     }
     await trio.to_thread.run_sync(_write_outputs, args.out, batch, rows, summary)
     return summary

@@ -84,8 +84,9 @@ class HFBackend(InferenceBackend):
             :mod:`engine.backends._hf_continuous` for what it supports).
         max_batch_size: requests per ``generate`` call (static) or per step
             (continuous).
-        batch_window_s: seconds to wait for more requests after the first one
-            arrives, so that a burst of episodes lands in one batch (static).
+        batch_window_s: a batch keeps collecting requests while each arrives
+            within this many seconds of the previous one, so that a burst of
+            episodes lands in one batch (static mode).
         cache_tokens: KV-cache size of continuous mode, in tokens (sized
             explicitly: auto-sizing takes ~15 s on CPU).
 
@@ -105,7 +106,7 @@ class HFBackend(InferenceBackend):
         dtype: str = "auto",
         mode: str = "static",
         max_batch_size: int = 64,
-        batch_window_s: float = 0.005,
+        batch_window_s: float = 0.02,
         cache_tokens: int = 16384,
     ) -> None:
         if mode not in ("static", "continuous"):
@@ -178,13 +179,25 @@ class HFBackend(InferenceBackend):
                     batch = [await jobs.receive()]
                 except trio.EndOfChannel:
                     return
-                if self.batch_window_s:
-                    await trio.sleep(self.batch_window_s)
+                # a burst of episodes (each tokenising its prompt first) trickles in:
+                # keep collecting while requests keep arriving within the window
                 while len(batch) < self.max_batch_size:
                     try:
                         batch.append(jobs.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
+                        continue
+                    except trio.EndOfChannel:
                         break
+                    except trio.WouldBlock:
+                        pass
+                    if not self.batch_window_s:
+                        break
+                    with trio.move_on_after(self.batch_window_s):
+                        try:
+                            batch.append(await jobs.receive())
+                            continue
+                        except trio.EndOfChannel:
+                            break
+                    break
                 groups: dict[tuple, list[GenerationJob]] = defaultdict(list)
                 for job in batch:
                     if job.withdrawn:

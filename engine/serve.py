@@ -17,7 +17,8 @@ Routes (SGLang wire format, ``SERVERS_AND_MODELS.md`` §1):
   ``rid``, ``return_logprob``; answers ``text``, ``output_ids`` and ``meta_info`` with
   ``finish_reason``, ``weight_version`` and ``output_token_logprobs``
   (``[logprob, token_id, null]``, processed semantics like the ``hf`` backend).  No streaming,
-  no batches.  A client that disconnects aborts its request.
+  no batches.  A client that disconnects aborts its request.  Other ``GenerateReqInput``
+  fields are accepted at their neutral (falsy) value, since an sglang-router re-sends them all.
 - ``POST /abort_request`` ``{"rid"}`` (exact or prefix match) or ``{"abort_all": true}``:
   the request answers at once with ``finish_reason`` ``abort`` and **no tokens** (the ``hf``
   backend does not hand back a withdrawn row's partial output; SGLang's "abort before
@@ -232,6 +233,10 @@ _SAMPLING_KEYS = {
 }
 #: accepted only at their neutral value
 _NEUTRAL = {"min_p": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "n": 1}
+#: accepted with any value and ignored (routing and logging hints)
+_IGNORED_KEYS = {"model", "log_metrics", "no_logs", "background", "priority", "routing_key", "extra_key",
+                 "data_parallel_rank", "routed_dp_rank", "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+#: other fields are accepted only at a falsy value (a feature rollout serve does not have)
 _GENERATE_KEYS = {
     "input_ids", "text", "sampling_params", "rid", "return_logprob", "stream", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs",
@@ -314,8 +319,8 @@ class SGLangServer:
     def _parse_generate(self, body: Any) -> tuple[ModelRequest, int, bool]:
         if not isinstance(body, dict):
             raise RequestRejected(400, "the body must be a JSON object")
-        unknown = sorted(set(body) - _GENERATE_KEYS)
-        if unknown:
+        unknown = sorted(k for k in set(body) - _GENERATE_KEYS if k not in _IGNORED_KEYS and body[k])
+        if unknown:  # a feature we do not have (an sglang-router re-sends every field at its default)
             raise RequestRejected(400, f"unsupported field(s) {unknown}")
         if body.get("stream"):
             raise RequestRejected(400, "rollout serve does not stream; send stream: false")
@@ -336,7 +341,7 @@ class SGLangServer:
         sp = body.get("sampling_params") or {}
         if not isinstance(sp, dict):
             raise RequestRejected(400, "sampling_params must be an object")
-        unknown = sorted(set(sp) - _SAMPLING_KEYS)
+        unknown = sorted(k for k in set(sp) - _SAMPLING_KEYS if sp[k] not in (None, False, [], {}, ""))
         if unknown:
             raise RequestRejected(400, f"unsupported sampling_params {unknown}")
         for key, neutral in _NEUTRAL.items():
@@ -388,6 +393,9 @@ class SGLangServer:
                 resp = ModelResponse(input_tokens=req.input_ids, stop_reason="abort" if running.aborted else "length")
             else:
                 resp = await self._send_job(running, req, budget)
+        except trio.Cancelled:
+            self._counts["cancelled"] += 1  # the client disconnected (or shutdown): the job was withdrawn
+            raise
         finally:
             del self._running[req.rid]
             self._changed.unpark_all()

@@ -19,7 +19,8 @@ One call of :meth:`RemoteBackend.generate` serves one segment the engine sends:
    its prefix cache) when it is healthy and has not failed this request, otherwise the healthy
    server with the fewest outstanding tokens (``prompt_len + budget`` summed over its requests
    in flight); wait for a re-admission when every server is ejected;
-3. POST once, non-streaming, under a unique wire id ``<rid>@<seq>``;
+3. POST once, non-streaming, under a unique wire id ``<rid>@<seq>`` (an sglang-router URL is
+   one server; see ``engine/backends/sglang.py`` for what it forwards);
 4. on a transient failure (refused or lost connection, HTTP 408/429/5xx, malformed JSON,
    ``attempt_timeout_s``, the server ejected under it) try again: at once on a healthy server
    this request has not tried yet (failover), otherwise after a capped exponential backoff
@@ -42,7 +43,8 @@ engine's ``validate_response``.
 
 Health.  Every ``health_interval_s`` each server's health route is probed.  A server is
 ejected after ``eject_after_failures`` consecutive failed probes or attempts, and at once when
-it refuses a connection; ejecting cancels its attempts in flight (they fail over).  A
+it refuses a connection; an ejection by probes (the server stopped answering: presumed hung)
+cancels its attempts in flight, which fail over (on a dead server they fail on their own).  A
 successful probe re-admits it (after replaying a weight update it missed, see
 :meth:`RemoteBackend.update_weights_from_disk`).
 
@@ -224,8 +226,9 @@ def _excerpt(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def decode_json(response: httpx.Response, url: str, what: str, *, allow_empty: bool = False) -> Any:
-    """Check an HTTP status and decode the JSON body.
+def decode_json(response: httpx.Response, url: str, what: str, *, allow_empty: bool = False,
+                decode: bool = True) -> Any:
+    """Check an HTTP status and decode the JSON body (``decode=False``: the status only).
 
     Raises:
         RemoteCallError: 408/429/5xx (retryable), another non-2xx (not retryable, not the
@@ -236,7 +239,7 @@ def decode_json(response: httpx.Response, url: str, what: str, *, allow_empty: b
         raise RemoteCallError(f"{url}{what}: HTTP {status}: {_excerpt(response.text)}", url=url, retryable=True)
     if not 200 <= status < 300:
         raise RemoteCallError(f"{url}{what}: HTTP {status}: {_excerpt(response.text)}", url=url, server_fault=False)
-    if allow_empty and not response.content.strip():
+    if not decode or (allow_empty and not response.content.strip()):
         return None
     try:
         return response.json()
@@ -364,24 +367,27 @@ class ServerPool:
     def record_success(self, server: _Server) -> None:
         server.consecutive_failures = 0
 
-    def record_failure(self, server: _Server, reason: str, *, eject_now: bool = False) -> None:
-        """Count a failed attempt or probe; eject at the threshold (or at once)."""
+    def record_failure(self, server: _Server, reason: str, *, eject_now: bool = False, probe: bool = False) -> None:
+        """Count a failed attempt or health ``probe``; eject at the threshold (or at once)."""
         server.failures += 1
         server.consecutive_failures += 1
         server.last_error = reason
         if server.healthy and (eject_now or server.consecutive_failures >= self.eject_after_failures):
-            self.eject(server, reason)
+            self.eject(server, reason, cancel_in_flight=probe)
 
-    def eject(self, server: _Server, reason: str) -> None:
-        """Stop routing to ``server`` and cancel its attempts in flight (they fail over)."""
+    def eject(self, server: _Server, reason: str, *, cancel_in_flight: bool = True) -> None:
+        """Stop routing to ``server``; with ``cancel_in_flight`` (it stopped answering health
+        probes: presumed hung) also cancel its attempts in flight, which fail over.  Attempts on
+        a server that died fail on their own (lost connection)."""
         if not server.healthy:
             return
         server.healthy = False
         server.ejections += 1
         server.last_error = reason
-        logger.warning("server %s ejected: %s (%d attempts in flight fail over)", server.url, reason,
-                       len(server.attempt_scopes))
-        for scope in list(server.attempt_scopes):
+        scopes = list(server.attempt_scopes) if cancel_in_flight else []
+        logger.warning("server %s ejected: %s (%d attempts in flight cancelled, they fail over)", server.url, reason,
+                       len(scopes))
+        for scope in scopes:
             scope.cancel()
 
     def readmit(self, server: _Server) -> None:
@@ -485,8 +491,9 @@ class RemoteBackend(PerRequestBackend):
             await client.aclose()
 
     async def call(self, url: str, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-                   timeout_s: float | None = None, allow_empty: bool = True) -> Any:
-        """One control call to one server; returns the decoded JSON (``None`` if empty).
+                   timeout_s: float | None = None, allow_empty: bool = True, decode: bool = True) -> Any:
+        """One control call to one server; returns the decoded JSON (``None`` if empty, or
+        with ``decode=False``, which checks the status only).
 
         Raises:
             RemoteCallError: transport failure, bad status, malformed body, or no answer
@@ -496,7 +503,7 @@ class RemoteBackend(PerRequestBackend):
         with trio.move_on_after(timeout_s):
             with map_exceptions(url):
                 response = await self.client.request(method, url + path, json=json, params=params)
-            return decode_json(response, url, path, allow_empty=allow_empty)
+            return decode_json(response, url, path, allow_empty=allow_empty, decode=decode)
         raise RemoteCallError(f"{url}{path}: no answer within {timeout_s} s", url=url, retryable=True)
 
     async def broadcast(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
@@ -566,10 +573,12 @@ class RemoteBackend(PerRequestBackend):
 
     async def _probe(self, server: _Server, eject_now: bool) -> None:
         try:
-            await self.call(server.url, "GET", self.health_path, timeout_s=self.timeouts.health_timeout_s)
+            await self.call(server.url, "GET", self.health_path, timeout_s=self.timeouts.health_timeout_s,
+                            decode=False)  # 200 is healthy, whatever the body ("OK" from a router)
         except RemoteCallError as exc:
             self._stats["health_failures"] += 1
-            self.pool.record_failure(server, f"health probe: {exc}", eject_now=eject_now or exc.server_down)
+            self.pool.record_failure(server, f"health probe: {exc}", eject_now=eject_now or exc.server_down,
+                                     probe=True)
             return
         if not server.healthy and server.stale_weights and self._weight_update is not None:
             path, body = self._weight_update
@@ -601,13 +610,14 @@ class RemoteBackend(PerRequestBackend):
             while True:
                 await self._wait_unpaused()
                 server = await self._choose(key, failed)
-                await self.prepare(server)
                 attempts += 1
+                self._stats["attempts"] += 1
                 epoch = self._pause_epoch
                 version = self.version  # read before the segment is sent (AReaL PR #1569)
                 self.pool.bind(key, server)
                 sent = trio.current_time()
                 try:
+                    await self.prepare(server)
                     parsed = await self._attempt(server, request, budget, cost)
                 except RemoteCallError as exc:
                     history.append(f"attempt {attempts} on {server.url}: {exc}")
@@ -635,6 +645,7 @@ class RemoteBackend(PerRequestBackend):
                         continue
                     history.append(f"attempt {attempts} on {server.url}: aborted before any token")
                     if attempts >= self.retry.max_attempts:
+                        self._stats["requests_failed"] += 1
                         raise RemoteCallError(f"request {request.rid}: {_history(history)}", url=server.url)
                     await trio.sleep(self.retry.backoff_s(attempts, self._rng))
                     continue
@@ -731,11 +742,13 @@ class RemoteBackend(PerRequestBackend):
             logger.debug("server %s reports weight_version %s, tokens tagged %d", server.url, weight_version, version)
 
     # -- control ------------------------------------------------------------------
-    async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+    async def pause_generation(self, mode: str = "abort", *, servers: Sequence[str] | None = None) -> dict[str, Any]:
         """Stop sending segments (client side) and pause every healthy server.
 
         With ``mode="abort"`` the servers return in-flight requests at once (``abort`` with
         their partial tokens); those are re-sent after :meth:`continue_generation`.
+        ``servers`` overrides the targets (e.g. the workers behind a router, which does not
+        forward control calls: ``servers=await backend.router_workers()``).
 
         Returns ``{url: answer}``.  Raises :class:`BackendError` if a server failed (the
         client side stays paused).
@@ -747,15 +760,16 @@ class RemoteBackend(PerRequestBackend):
             self._paused = True
             self._unpaused = trio.Event()
         method, path, body, params = self.pause_call(mode)
-        answers, errors = await self.broadcast(method, path, json=body, params=params)
+        answers, errors = await self.broadcast(method, path, json=body, params=params, servers=servers)
         self._raise_if_any(errors, "pause")
         return answers
 
-    async def continue_generation(self) -> dict[str, Any]:
-        """Resume every healthy server, then let segments flow again (even if a server failed)."""
+    async def continue_generation(self, *, servers: Sequence[str] | None = None) -> dict[str, Any]:
+        """Resume every healthy server (or ``servers``), then let segments flow again (even if
+        a server failed)."""
         method, path, body, params = self.continue_call()
         try:
-            answers, errors = await self.broadcast(method, path, json=body, params=params)
+            answers, errors = await self.broadcast(method, path, json=body, params=params, servers=servers)
         finally:
             self._paused = False
             self._unpaused.set()
@@ -765,6 +779,16 @@ class RemoteBackend(PerRequestBackend):
     @property
     def paused(self) -> bool:
         return self._paused
+
+    async def router_workers(self, url: str | None = None) -> list[str]:
+        """The worker URLs behind an sglang-router / SGLang Model Gateway (``GET /workers``)
+        at ``url`` (default: the first server), for control calls the router does not forward."""
+        url = _normalize_url(url) if url else self.pool.servers[0].url
+        answer = await self.call(url, "GET", "/workers")
+        try:
+            return [_normalize_url(w["url"]) for w in answer["workers"]]
+        except (TypeError, KeyError):
+            raise BackendError(f"{url}/workers: not a router's worker list: {_excerpt(str(answer))}") from None
 
     def _raise_if_any(self, errors: dict[str, RemoteCallError], what: str) -> None:
         if errors:
@@ -793,12 +817,18 @@ class RemoteBackend(PerRequestBackend):
     # -- statistics -----------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
         stats = super().statistics()
-        stats.update(self._stats)
+        stats.update({name: self._stats[name] for name in _COUNTERS})
         stats["kind"] = self.kind
         stats["logprob_semantics"] = self.logprob_semantics
         stats["paused"] = self._paused
         stats["servers"] = [asdict(s) for s in self.pool.statistics()]
         return stats
+
+
+#: counters reported by :meth:`RemoteBackend.statistics` (0 until something happens)
+_COUNTERS = ("aborts_failed", "aborts_sent", "attempt_timeouts", "attempts", "deadline_exceeded", "empty_aborts",
+             "failovers", "health_failures", "requests_failed", "retries", "waits_for_server",
+             "weight_version_mismatches")
 
 
 def _history(history: list[str], keep: int = 3) -> str:

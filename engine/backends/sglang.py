@@ -1,8 +1,12 @@
 """``sglang``: SGLang's native token-in/token-out ``POST /generate`` (non-streaming).
 
 Also speaks to ``rollout serve`` (``engine/serve.py``) and, as one server, to an
-sglang-router / SGLang Model Gateway URL (it forwards ``/generate`` verbatim).  Wire facts:
-``SERVERS_AND_MODELS.md`` §1 and §6.
+sglang-router / SGLang Model Gateway URL.  Verified with ``sglang-router`` 0.3.2 in front of
+``rollout serve`` (``tests/test_remote_router.py``): ``/generate`` and ``/health`` (a plain
+``OK``) pass, a client disconnect stops the worker, but ``/abort_request``,
+``/pause_generation`` and ``/continue_generation`` answer 404 -- send control calls to the
+workers (``servers=await backend.router_workers()``, from the router's ``GET /workers``).
+Wire facts: ``SERVERS_AND_MODELS.md`` §1 and §6.
 
 Request (one segment)::
 
@@ -30,6 +34,7 @@ Abort: ``POST /abort_request {"rid": wire_id}``.  Pause: ``POST /pause_generatio
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import BackendError
@@ -128,9 +133,9 @@ class SGLangBackend(RemoteBackend):
     def continue_call(self):
         return "POST", "/continue_generation", {}, None
 
-    async def abort_all(self) -> dict[str, Any]:
-        """``POST /abort_request {"abort_all": true}`` on every healthy server."""
-        answers, errors = await self.broadcast("POST", "/abort_request", json={"abort_all": True})
+    async def abort_all(self, *, servers: Sequence[str] | None = None) -> dict[str, Any]:
+        """``POST /abort_request {"abort_all": true}`` on every healthy server (or ``servers``)."""
+        answers, errors = await self.broadcast("POST", "/abort_request", json={"abort_all": True}, servers=servers)
         self._raise_if_any(errors, "abort_all")
         return answers
 
@@ -140,7 +145,8 @@ class SGLangBackend(RemoteBackend):
         return await self.call(url, "GET", "/get_model_info")
 
     async def update_weights_from_disk(self, model_path: str, *, version: int | None = None,
-                                       abort_all_requests: bool = False, **extra: Any) -> dict[str, Any]:
+                                       abort_all_requests: bool = False, servers: Sequence[str] | None = None,
+                                       **extra: Any) -> dict[str, Any]:
         """Load new weights on every healthy server: ``POST /update_weights_from_disk``.
 
         Args:
@@ -148,11 +154,13 @@ class SGLangBackend(RemoteBackend):
             version: the new policy version; sent as ``weight_version`` and, once the update
                 succeeded somewhere, set as ``self.version`` (tokens of later segments carry it).
             abort_all_requests: let the servers abort in-flight requests first.
+            servers: explicit targets (e.g. :meth:`router_workers`); default the healthy servers.
             extra: more body fields (``load_format``, ``flush_cache``, ...).
 
-        A server that fails, or is ejected at the time, is ejected and marked stale: when it
-        answers its health probe again the same update is replayed before it is re-admitted,
-        so it never serves old weights under the new version.
+        A pool server that fails, or is ejected at the time, is ejected and marked stale: when
+        it answers its health probe again the same update is replayed before it is re-admitted,
+        so it never serves old weights under the new version.  The usual sequence (AReaL):
+        :meth:`pause_generation`, this, ``engine.set_version``, :meth:`continue_generation`.
 
         Returns ``{url: answer}`` of the servers that succeeded.
 
@@ -162,7 +170,7 @@ class SGLangBackend(RemoteBackend):
         body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests, **extra}
         if version is not None:
             body["weight_version"] = str(version)
-        targets = [s.url for s in self.pool.healthy]
+        targets = [s.url for s in self.pool.healthy] if servers is None else list(servers)
         answers, errors = await self.broadcast("POST", "/update_weights_from_disk", json=body, servers=targets)
         for url, answer in list(answers.items()):
             if isinstance(answer, dict) and answer.get("success") is False:
@@ -172,7 +180,7 @@ class SGLangBackend(RemoteBackend):
             raise BackendError("update_weights_from_disk failed on every server: "
                                + "; ".join(f"{u}: {e}" for u, e in errors.items()))
         self._weight_update = ("/update_weights_from_disk", body)
-        for server in self.pool.servers:
+        for server in self.pool.servers if servers is None else ():
             if server.url not in answers:
                 server.stale_weights = True
                 self.pool.eject(server, f"missed the weight update to {model_path}: {errors.get(server.url)}")

@@ -1,0 +1,243 @@
+"""Contract tier: the ``vllm`` backend against a real vLLM 0.32 CPU server on 127.0.0.1.
+
+Marked ``vllm`` (and ``slow``): skipped unless the venv made by
+``../shared/tools/setup_vllm_cpu.sh`` exists -- ``$TRIO_ROLLOUT_VLLM_VENV``, default
+``.venv-vllm`` in the repository root.  The module starts one server (30-75 s) with the
+tools' tiny random Llama (head_dim 64, bf16) and ``--enforce-eager``, and stops it at the end;
+``TRIO_ROLLOUT_VLLM_URL`` + ``TRIO_ROLLOUT_VLLM_MODEL_DIR`` reuse a server already running that model.
+Real processes: real-time bounds, polling of the server's metrics where server state is checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import trio
+
+from engine import ModelRequest, open_rollout_engine
+from engine.backends.remote import make_remote_backend
+from engine.backends.vllm import vllm_abort_id
+from engine.types import GenerationHyperparameters as G
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
+TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists(),
+                       reason=f"no vLLM CPU venv at {VENV} (run ../shared/tools/setup_vllm_cpu.sh {VENV})"),
+]
+
+PROMPT = [257, 104, 105, 258, 10, 257]  # <|im_start|> "hi" <|im_end|> "\n" <|im_start|>
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    if os.environ.get("TRIO_ROLLOUT_VLLM_URL"):  # a server already running make_tiny_model.py's model
+        yield os.environ["TRIO_ROLLOUT_VLLM_URL"].rstrip("/"), os.environ["TRIO_ROLLOUT_VLLM_MODEL_DIR"]
+        return
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir = root / "tiny-llama"
+    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(model_dir)], check=True,
+                   capture_output=True, timeout=300)
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root)}
+    started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
+                              "--enforce-eager"], capture_output=True, text=True, env=env, timeout=420)
+    if started.returncode != 0:
+        pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
+    try:
+        yield started.stdout.strip(), str(model_dir)
+    finally:
+        subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(port)], env=env, capture_output=True,
+                       timeout=120)
+
+
+@functools.lru_cache(maxsize=2)
+def _model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def teacher_forced(model_dir, prompt, output):
+    """Raw next-token log-probs (no temperature) of ``output`` after ``prompt``: ``[n]``,
+    and the log-probs of every token at those positions: ``[n, V]``."""
+    with torch.no_grad():
+        logits = _model(model_dir)(input_ids=torch.tensor([prompt + output])).logits[0].float()  # [T, V]
+    logp = torch.log_softmax(logits, dim=-1)
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1)
+    return logp[positions, torch.tensor(output)], logp[positions]
+
+
+async def server_state(url) -> dict[str, float]:
+    """Requests running and waiting, tokens generated (Prometheus metrics), and ``/is_paused``."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url + "/metrics")).text
+        paused = (await client.get(url + "/is_paused")).json().get("is_paused")
+
+    def metric(name):
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+    return {"running": metric("vllm:num_requests_running"), "waiting": metric("vllm:num_requests_waiting"),
+            "generated": metric("vllm:generation_tokens_total"), "paused": paused}
+
+
+async def running_requests(url) -> float:
+    return (await server_state(url))["running"]
+
+
+async def wait_for(url, pred, what, timeout_s=60.0):
+    """Poll the real server's state until ``pred(state)``; fail naming ``what`` and the state."""
+    state = None
+    with trio.move_on_after(timeout_s):
+        while not pred(state := await server_state(url)):
+            await trio.sleep(0.02)
+        return state
+    pytest.fail(f"no {what} within {timeout_s} s; server state {state}")
+
+
+async def wait_running(url, pred, timeout_s=60.0):
+    return await wait_for(url, lambda s: pred(s["running"] + s["waiting"]), "change in requests in flight", timeout_s)
+
+
+def backend_for(url, **opts):
+    return make_remote_backend("vllm", [url], **{"health_interval_s": 1.0, "request_timeout_s": 120.0, **opts})
+
+
+async def test_tokens_and_raw_logprobs_match_teacher_forcing(vllm, reward_pool):
+    url, model_dir = vllm
+    backend = backend_for(url)
+    with trio.fail_after(120):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            hot = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
+                max_new_tokens=32, temperature=1.7, seed=1, ignore_eos=True)))
+            again = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
+                max_new_tokens=32, temperature=1.7, seed=1, ignore_eos=True)))
+            greedy = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
+                greedy=True, max_new_tokens=16, ignore_eos=True)))
+    assert backend.model == "tiny" and backend.logprob_semantics == "raw"
+    assert hot.output_len == 32 and hot.stop_reason == "length" and hot.output_tokens == again.output_tokens
+    lp, _ = teacher_forced(model_dir, PROMPT, hot.output_tokens)
+    diff = (torch.tensor(hot.output_logprobs) - lp).abs().max().item()
+    assert diff < 0.03, diff  # raw: the temperature (1.7) did not enter the logprobs (bf16 server)
+    lp, every = teacher_forced(model_dir, PROMPT, greedy.output_tokens)
+    assert (torch.tensor(greedy.output_logprobs) - lp).abs().max().item() < 0.03
+    assert (every.max(-1).values - lp).max().item() < 0.03  # each greedy token is an argmax (up to bf16)
+
+
+async def test_stop_token_ids_end_the_generation_with_the_stop_token(vllm, reward_pool):
+    url, _ = vllm
+    backend = backend_for(url)
+    with trio.fail_after(60):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            free = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
+                max_new_tokens=24, temperature=1.0, seed=3, ignore_eos=True)))
+            stop_id = free.output_tokens[5]
+            stopped = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
+                max_new_tokens=24, temperature=1.0, seed=3, ignore_eos=True, stop_token_ids=[stop_id])))
+    first = free.output_tokens.index(stop_id) + 1
+    assert stopped.stop_reason == "stop" and stopped.output_tokens == free.output_tokens[:first]
+    assert len(stopped.output_logprobs) == first  # the stop token keeps its logprob
+
+
+async def test_abort_by_choice_id_and_client_disconnect_stop_server_work(vllm, reward_pool):
+    url, _ = vllm
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True, "logprobs": 0,
+            "return_token_ids": True, "request_id": "contract-abort"}
+    async with httpx.AsyncClient(timeout=60) as client:
+        # 1. abort by the per-choice id: the call returns 200, finish "abort", partial tokens
+        answer = {}
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                async def post():
+                    answer["r"] = (await client.post(url + "/v1/completions", json=body)).json()
+
+                nursery.start_soon(post)
+                await wait_running(url, lambda n: n >= 1)
+                aborted = (await client.post(url + "/abort_requests",
+                                             json={"request_ids": [vllm_abort_id("contract-abort")]})).json()
+        choice = answer["r"]["choices"][0]
+        assert aborted["status"] == "aborted" and choice["finish_reason"] == "abort"
+        assert 0 < len(choice["token_ids"]) < 1000 and len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+        # 2. a client that goes away: the server stops the request
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(client.post, url + "/v1/completions",
+                                                     json={**body, "request_id": "contract-disconnect"}))
+                await wait_running(url, lambda n: n >= 1)
+                nursery.cancel_scope.cancel()
+            await wait_running(url, lambda n: n == 0)
+    # 3. a cancelled episode: the backend sends the abort (shielded) and vLLM accepts the id
+    backend = backend_for(url)
+    with trio.fail_after(120):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(engine.agenerate, ModelRequest(input_ids=PROMPT, gconfig=G(
+                    max_new_tokens=1000, ignore_eos=True)))
+                await wait_running(url, lambda n: n >= 1)
+                nursery.cancel_scope.cancel()
+            await wait_running(url, lambda n: n == 0)
+            while not backend.statistics()["aborts_sent"]:
+                await trio.sleep(0.01)
+    stats = backend.statistics()
+    assert stats["aborts_sent"] == 1 and stats["aborts_failed"] == 0
+
+
+async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):
+    url, model_dir = vllm
+    backend = backend_for(url)
+    n = 1000
+    g = G(greedy=True, max_new_tokens=n, ignore_eos=True)
+    with trio.fail_after(300):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            straight = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
+            for _ in range(3):  # until the pause lands mid-generation (a busy machine can delay it)
+                before = engine.version
+                result = {}
+
+                async def episode():
+                    result["resp"] = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(episode)
+                    await wait_running(url, lambda r: r >= 1)
+                    await trio.sleep(0.5)  # let it produce some tokens on the real server
+                    await backend.pause_generation("abort")  # returns the request with its partial tokens
+                    engine.set_version(before + 1)  # what a weight update would do
+                    await trio.sleep(0.2)
+                    state = await server_state(url)
+                    assert state["running"] + state["waiting"] == 0, state  # nothing re-sent while paused
+                    await backend.continue_generation()
+                resp = result["resp"]
+                k = resp.output_versions.count(before)
+                if 0 < k < n:
+                    break
+            # keep mode: the request is frozen on the server and finishes after /resume
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(engine.agenerate, ModelRequest(input_ids=PROMPT, gconfig=g)))
+                await wait_running(url, lambda r: r >= 1)
+                await backend.pause_generation("keep")
+                await trio.sleep(0.2)
+                await backend.continue_generation()
+    assert resp.output_len == n and 0 < k < n, k
+    assert resp.output_versions == [before] * k + [before + 1] * (n - k)
+    lp, every = teacher_forced(model_dir, PROMPT, resp.output_tokens)
+    assert (torch.tensor(resp.output_logprobs) - lp).abs().max().item() < 0.05  # consistent across the seam
+    assert (every.max(-1).values - lp).max().item() < 0.05  # still greedy after the resume
+    assert resp.output_tokens[:k] == straight.output_tokens[:k]  # before the pause: the uninterrupted run

@@ -83,7 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct)")
     run.add_argument("--dataset", default="builtin:arith",
                      help="jsonl of {question, answer} rows (GSM8K format), or builtin:arith[:N] (default)")
-    run.add_argument("--backend", default="hf", choices=("hf", "sim"), help="inference backend (default hf)")
+    run.add_argument("--backend", default="hf", choices=("hf", "sim", "sglang", "vllm"),
+                     help="inference backend (default hf: the model in this process)")
+    run.add_argument("--server", action="append", default=[], metavar="URL",
+                     help="server URL for --backend sglang|vllm (repeat for several; requests are routed "
+                          "to the least loaded)")
+    run.add_argument("--request-timeout", type=_positive_float, default=3600.0,
+                     help="seconds a remote request may take in all, retries and failover included (default 3600)")
     run.add_argument("--n-samples", type=_positive_int, default=2, help="samples per prompt (default 2)")
     run.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new-token budget (default 128)")
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")
@@ -104,12 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds per reward attempt before its worker is killed (default 15)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    from .serve import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return args.handler(args)
+    if args.backend in ("sglang", "vllm") and not args.server:
+        print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
+        return 2
     try:
         summary = trio.run(_run, args)
     except (RolloutError, ValueError, OSError) as exc:
@@ -141,6 +155,11 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
+    if args.backend in ("sglang", "vllm"):
+        from .backends.remote import make_remote_backend
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
+        return tokenizer, make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout)
     if args.backend == "hf":
         from .backends.hf import HFBackend
 

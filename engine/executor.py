@@ -49,7 +49,15 @@ from .errors import BackendError, failure_reason
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
 
-__all__ = ["EngineConfig", "EngineStatistics", "EpisodeResult", "RolloutEngine", "open_rollout_engine", "sample_index"]
+__all__ = [
+    "EngineConfig",
+    "EngineStatistics",
+    "EpisodeResult",
+    "RolloutEngine",
+    "episode_id",
+    "open_rollout_engine",
+    "sample_index",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +66,9 @@ STALENESS_POLICIES = ("drop", "flag")
 #: Inside ``arun_episode``: this member's sample index within its group (0 for
 #: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
 sample_index: contextvars.ContextVar[int] = contextvars.ContextVar("sample_index", default=0)
+#: Inside an episode: its task id (remote backends route every request of an
+#: episode to the same server, to reuse its prefix cache).
+episode_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("episode_id", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +280,9 @@ class RolloutEngine:
         if self._closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
         budget = req.validate()
+        task_id = episode_id.get()
+        if task_id is not None and "routing_key" not in req.metadata:  # sticky routing per episode
+            req = replace(req, metadata={**req.metadata, "routing_key": f"episode-{task_id}"})
         prompt = list(req.input_ids)
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -277,7 +291,9 @@ class RolloutEngine:
         ttft = None
         while True:
             await self._unpaused.wait()
-            segment_req = req if not tokens else replace(req, input_ids=prompt + tokens)
+            segment_req = req if not tokens else replace(
+                req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
+                gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))
             resp = await self._send_job(segment_req, budget - len(tokens))
             validate_response(resp, segment_req)
             if ttft is None:
@@ -447,6 +463,7 @@ class RolloutEngine:
 
     # -- one episode -------------------------------------------------------------------
     async def _run_episode(self, task: _Task) -> None:
+        episode_id.set(task.task_id)
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:

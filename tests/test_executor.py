@@ -344,3 +344,24 @@ async def test_a_workflow_class_with_the_same_kwargs_is_built_once(reward_pool):
         results = await engine.wait_results(7)
     assert Counting.built == 3
     assert all(r.status == "rejected" for r in results)
+
+
+async def test_segments_of_an_episode_share_a_routing_key_and_resume_lowers_min_new_tokens(reward_pool):
+    seen = []
+
+    async def handler(req, budget):
+        seen.append((req.metadata.get("routing_key"), req.gconfig.min_new_tokens))
+        if len(seen) == 1:
+            return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[5, 6, 7], output_logprobs=[-1.0] * 3,
+                                 output_versions=[0] * 3, stop_reason="abort")
+        return _ok(req, budget)
+
+    class Flow(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            resp = await engine.agenerate(_req(min_new_tokens=5))
+            return trajectory_from_response(resp, 0.0)
+
+    async with open_rollout_engine(MockBackend(handler), reward_pool=reward_pool) as engine:
+        tid = engine.submit({}, Flow())
+        assert (await engine.wait_for_task(tid)).status == "accepted"
+    assert seen == [(f"episode-{tid}", 5), (f"episode-{tid}", 2)]

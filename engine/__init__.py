@@ -6,8 +6,6 @@ Public names are exported lazily (module ``__getattr__``) so that importing
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
 
 __all__ = [
     "BackendError",
@@ -66,15 +64,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+from ._lazy import lazy_exports  # noqa: E402
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

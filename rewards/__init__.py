@@ -18,8 +18,7 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 __all__ = [
     "AsyncRewardWrapper",
@@ -71,15 +70,6 @@ if TYPE_CHECKING:
     from .math import math_reward
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'rewards' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+from engine._lazy import lazy_exports  # noqa: E402
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -6,8 +6,6 @@ loaded on first attribute access through module ``__getattr__``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
 
 __all__ = ["RLVRWorkflow", "RolloutWorkflow", "resolve_workflow"]
 
@@ -18,15 +16,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'workflows' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+from engine._lazy import lazy_exports  # noqa: E402
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

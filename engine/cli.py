@@ -74,7 +74,9 @@ def _non_negative_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rollout", description="trio-rollout: a trio-native rollout engine for LLM RL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run the RLVR workflow over a dataset and write trajectories")
+    run = sub.add_parser("run", help="run the RLVR workflow over a dataset and write trajectories",
+                         description="Run the RLVR workflow (chat template -> generate -> reward in worker "
+                                     "processes) over a dataset; write trajectories/, rollouts.jsonl, summary.json.")
     run.add_argument("--model", default=None,
                      help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct)")
     run.add_argument("--dataset", default="builtin:arith",

@@ -58,6 +58,8 @@ def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
         DatasetError: the file is missing or empty, a line is not a JSON object,
             or a row lacks a string ``question`` (names the file and line number).
     """
+    if spec.startswith("builtin:") and not spec.startswith(BUILTIN_ARITH):
+        raise DatasetError(f"unknown built-in dataset {spec!r}; the built-in one is 'builtin:arith[:N]'")
     if spec.startswith(BUILTIN_ARITH):
         rest = spec[len(BUILTIN_ARITH):]
         try:
@@ -89,7 +91,7 @@ def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(row, dict):
                 raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             if not isinstance(row.get("question"), str):

@@ -632,7 +632,22 @@ class RolloutEngine:
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await self._buffer.wait_until(predicate)
         if not predicate():
-            raise TimeoutError(f"{what} within {timeout} s")
+            raise TimeoutError(f"{what} within {timeout} s{self._why_waiting()}")
+
+    def _why_waiting(self) -> str:
+        """Explain queued episodes that cannot start (for timeout messages)."""
+        queued = self._counts["queued"]
+        if not queued:
+            return ""
+        if self.paused:
+            return f"; {queued} episodes are queued because the engine is paused (call resume())"
+        if self._staleness.capacity(self.version) <= 0 and self._counts["running"] == 0:
+            eta, B = self.config.max_head_offpolicyness, self.config.consumer_batch_size
+            return (f"; {queued} episodes are queued and cannot start: the staleness bound "
+                    f"(max_head_offpolicyness={eta}, consumer_batch_size={B}, version={self.version}, "
+                    f"{self._staleness.accepted} accepted) allows no more until set_version() is called "
+                    "after a training step")
+        return f"; {queued} episodes are still queued"
 
     async def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
         """Wait until ``count`` episodes have ended (accepted or not) and take their
@@ -652,7 +667,9 @@ class RolloutEngine:
 
     async def wait(self, count: int, timeout: float | None = None) -> list[TensorDict | None]:
         """AReaL's ``wait``: ``count`` completions, oldest first; the trajectory of
-        each accepted episode, ``None`` for rejected or failed ones."""
+        each accepted episode, ``None`` for rejected or failed ones.  Completions
+        are those of every episode, including ones :meth:`prepare_batch` submitted
+        to run ahead; use :meth:`wait_for_task` to wait for a particular one."""
         return [r.trajectory for r in await self.wait_results(count, timeout)]
 
     async def wait_for_task(self, task_id: int, timeout: float | None = None) -> EpisodeResult:

@@ -149,36 +149,50 @@ class RolloutEngineThread:
         return self._run(self._engine.wait, count, timeout)
 
     def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
+        """See :meth:`engine.RolloutEngine.wait_results`."""
         return self._run(self._engine.wait_results, count, timeout)
 
     def wait_for_task(self, task_id: int, timeout: float | None = None) -> EpisodeResult:
+        """See :meth:`engine.RolloutEngine.wait_for_task`."""
         return self._run(self._engine.wait_for_task, task_id, timeout)
 
     def rollout_batch(self, items: Iterable[Any], workflow: Any, **kwargs: Any) -> Any:
+        """See :meth:`engine.RolloutEngine.rollout_batch`."""
         return self._run(lambda: self._engine.rollout_batch(list(items), workflow, **kwargs))
 
     def prepare_batch(self, dataloader: Iterable[Any], workflow: Any, **kwargs: Any) -> Any:
+        """See :meth:`engine.RolloutEngine.prepare_batch`."""
         return self._run(lambda: self._engine.prepare_batch(dataloader, workflow, **kwargs))
 
     def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Blocking ``agenerate`` (for scripts; episodes should run in workflows)."""
         return self._run(self._engine.agenerate, req)
 
+    def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """See :meth:`engine.RolloutEngine.update_weights`."""
+        self._run(lambda: self._engine.update_weights(source, version=version, mode=mode))
+
     def set_version(self, version: int) -> None:
+        """See :meth:`engine.RolloutEngine.set_version`."""
         self._run_sync(self._engine.set_version, version)
 
     def restore(self, version: int) -> None:
+        """See :meth:`engine.RolloutEngine.restore`."""
         self._run_sync(self._engine.restore, version)
 
     def pause(self) -> None:
+        """See :meth:`engine.RolloutEngine.pause`."""
         self._run_sync(self._engine.pause)
 
     def resume(self) -> None:
+        """See :meth:`engine.RolloutEngine.resume`."""
         self._run_sync(self._engine.resume)
 
     @property
     def version(self) -> int:
+        """The current policy version."""
         return self._run_sync(lambda: self._engine.version)
 
     def statistics(self) -> EngineStatistics:
+        """See :meth:`engine.RolloutEngine.statistics`."""
         return self._run_sync(self._engine.statistics)

@@ -344,3 +344,16 @@ async def test_cancelled_wait_and_closed_engine_lose_nothing(reward_pool, autoju
     results = await engine.wait_results(4)
     by_id = {r.task_id: r.status for r in results}
     assert by_id == {0: "accepted", 1: "accepted", 2: "failed", 3: "failed"}
+
+
+async def test_a_wait_that_times_out_says_when_staleness_holds_episodes_back(reward_pool, autojump_clock):
+    wf = Gated()
+    config = EngineConfig(consumer_batch_size=1, max_head_offpolicyness=0)
+    async with open_rollout_engine(MockBackend(_never), config, reward_pool=reward_pool) as engine:
+        first = engine.submit({"go": _set()}, wf)
+        second = engine.submit({"go": _set()}, wf)
+        assert (await engine.wait_for_task(first)).status == "accepted"
+        with pytest.raises(TimeoutError, match="staleness bound .* set_version"):
+            await engine.wait_for_task(second, timeout=10)
+        engine.set_version(1)
+        assert (await engine.wait_for_task(second, timeout=10)).status == "accepted"

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Concurrency sweep on the simulated server: throughput and efficiency, ours vs AReaL vs naive.
+
+For each concurrency (episodes in flight; default 64 to 16384), every side runs
+``max(--episodes, --rounds x concurrency)`` RLVR episodes on the same work
+(``engine.bench``) with 50 ms prefill + 2 ms/token x ~256 tokens.  Past a few
+hundred in flight the zero-overhead ideal outruns any single event loop on two
+cores, so throughput flattens at each side's CPU ceiling and efficiency falls:
+the plot shows where.
+
+    .venv/bin/python benchmarks/bench_sweep.py                  # ~30-40 min on a 2-core box
+    .venv/bin/python benchmarks/bench_sweep.py --concurrency 64,256,1024 --sides ours,naive
+
+Prints one table, writes ``benchmarks/results/bench_sweep.json`` and, when
+matplotlib is installed, ``benchmarks/results/bench_sweep.png`` (episodes/s and
+efficiency against concurrency, log scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.bench import SIDES, BenchConfig, compare, format_table, write_json  # noqa: E402
+
+COLORS = {"ours": "tab:blue", "areal": "tab:orange", "naive": "tab:gray"}
+NAMES = {"ours": "trio-rollout", "areal": "AReaL 1.0.4 WorkflowExecutor", "naive": "naive (batch, wait all, score)"}
+
+
+def plot(results: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Two panels: episodes/s and efficiency against concurrency; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for side in SIDES:
+        rows = sorted((r for r in results if r["side"] == side and not r.get("skipped")),
+                      key=lambda r: r["concurrency"])
+        if not rows:
+            continue
+        xs = [r["concurrency"] for r in rows]
+        ax1.plot(xs, [r["episodes_per_s"] for r in rows], "o-", color=COLORS[side], label=NAMES[side])
+        ax2.plot(xs, [r["efficiency"] for r in rows], "o-", color=COLORS[side], label=NAMES[side])
+    ideal = sorted({(r["concurrency"], r["episodes"] / r["ideal_wall_s"]) for r in results
+                    if r.get("ideal_wall_s")})
+    if ideal:
+        ax1.plot([c for c, _ in ideal], [v for _, v in ideal], "k:", label="zero-overhead ideal")
+    ax1.set(xscale="log", yscale="log", xlabel="episodes in flight", ylabel="episodes / s", title="throughput")
+    ax2.set(xscale="log", xlabel="episodes in flight", ylabel="ideal makespan / wall time", title="efficiency",
+            ylim=(0, 1.05))
+    for ax in (ax1, ax2):
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--concurrency", default="64,256,1024,4096,16384")
+    p.add_argument("--episodes", type=int, default=2000, help="at least this many episodes per point")
+    p.add_argument("--rounds", type=int, default=2, help="... and at least rounds x concurrency")
+    p.add_argument("--prefill-s", type=float, default=0.05)
+    p.add_argument("--per-token-s", type=float, default=0.002)
+    p.add_argument("--out-len-median", type=int, default=256)
+    p.add_argument("--tokenizer", default="auto")
+    p.add_argument("--reward-batch-size", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--areal-python", default=None)
+    p.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "bench_sweep.json"))
+    args = p.parse_args()
+
+    base = BenchConfig(prefill_s=args.prefill_s, per_token_s=args.per_token_s, out_len_median=args.out_len_median,
+                       tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size)
+    sides = tuple(s for s in args.sides.split(",") if s)
+    results, configs = [], []
+    for c in (int(x) for x in args.concurrency.split(",")):
+        cfg = replace(base, concurrency=c, batch_size=min(256, c), episodes=max(args.episodes, args.rounds * c))
+        configs.append(asdict(cfg))
+        print(f"C={c}: {cfg.episodes} episodes", file=sys.stderr, flush=True)
+        results += compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    title = (f"bench_sweep: {args.prefill_s * 1000:.0f} ms + {args.per_token_s * 1000:.0f} ms/token x "
+             f"~{args.out_len_median} tokens, RLVR + GSM8K reward, 2-core box")
+    print(format_table(results, title=title))
+    json_path = Path(args.json_out)
+    png = plot(results, json_path.with_suffix(".png"), title)
+    path = write_json(json_path, "bench_sweep", configs, results, plot=str(png) if png else None)
+    print(f"wrote {path}" + (f" and {png}" if png else " (no plot: pip install matplotlib)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Contract tier: the benchmark harness on a tiny configuration (correctness, not speed).
+
+The ideal makespan on hand-checkable cases, the plan the sides are checked
+against, the AReaL side's copies of the sim's draws, and the accounting of the
+``ours`` and ``naive`` drivers (real reward worker processes, real tokenizer,
+the sim on the real clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from engine.backends.sim import SimBackend, SimConfig, SimRequest, prompt_key, tile_pool
+from engine.bench import (
+    _POOL,
+    BenchConfig,
+    _add_ideal,
+    _drive_naive,
+    _drive_ours,
+    _pure_draw,
+    _pure_pools,
+    _pure_prompt_key,
+    add_bench_parser,
+    bench_item,
+    corpus_token_pool,
+    format_table,
+    ideal_makespan,
+    load_tokenizer,
+    memory_summary,
+    plan_requests,
+    run_bench,
+    write_json,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tokenizer("tiny")[0]
+
+
+def test_ideal_makespan_hand_checked():
+    # 3 slots, per-request latency = 0.5 s prefill + n x 0.1 s:
+    #   A 1.5 s, B 2.5 s, C 1.0 s start at 0; D (1.0 s) starts at 1.0 (C's slot) -> 2.0;
+    #   E (3.5 s) starts at 1.5 (A's slot) -> 5.0.  Makespan 5.0.
+    cfg = SimConfig(prefill_s=0.5, per_token_s=0.1)
+    plan = [SimRequest(k, 4, n) for k, n in enumerate([10, 20, 5, 5, 30])]
+    assert ideal_makespan(plan, 3, cfg) == pytest.approx(5.0)
+    assert ideal_makespan(plan, 1, cfg) == pytest.approx(1.5 + 2.5 + 1.0 + 1.0 + 3.5)
+    # a group (same prompt key) holds one slot until its slowest request ends
+    grouped = [SimRequest(0, 4, 10), SimRequest(0, 4, 20), SimRequest(1, 4, 5)]
+    assert ideal_makespan(grouped, 1, cfg) == pytest.approx(2.5 + 1.0)
+    # the shared server: K = 1 serialises everything whatever the client slots
+    assert ideal_makespan(plan, 3, SimConfig(prefill_s=0.5, per_token_s=0.1, max_running_seqs=1)) == \
+        pytest.approx(1.5 + 2.5 + 1.0 + 1.0 + 3.5)
+
+
+def test_add_ideal_checks_the_work_and_divides():
+    cfg = BenchConfig(episodes=2, concurrency=1, per_token_s=1.0)
+    plan = [SimRequest(1, 3, 2), SimRequest(2, 3, 4)]
+    out = _add_ideal({"wall_s": 12.0, "requests": [[2, 3, 4, 1.0, "ok"], [1, 3, 2, 1.0, "ok"]]}, cfg, plan)
+    assert out == {"wall_s": 12.0, "work_matches_plan": True, "ideal_wall_s": 6.0, "efficiency": 0.5}
+    out = _add_ideal({"wall_s": 12.0, "requests": [[2, 3, 5, 1.0, "ok"], [1, 3, 2, 1.0, "ok"]]}, cfg, plan)
+    assert out["work_matches_plan"] is False
+    assert _add_ideal({"wall_s": 1.0}, BenchConfig(), [SimRequest(1, 3, 2)])["efficiency"] is None  # zero latency
+
+
+def test_the_areal_sides_copies_match_the_sim():
+    cfg = SimConfig(vocab_size=300, first_token_id=3, out_len_median=40, out_len_sigma=0.9, straggler_fraction=0.4,
+                    straggler_multiplier=3.0, draws_by_prompt=True, seed=9)
+    sim = SimBackend(cfg)
+    params = BenchConfig(seed=9, out_len_median=40, out_len_sigma=0.9, straggler_fraction=0.4,
+                         straggler_multiplier=3.0).sim_params(vocab_size=300, eos_token_id=2)
+    for i in range(200):
+        ids = [i, 5, 7, i % 3]
+        assert _pure_prompt_key(ids) == prompt_key(ids)
+        d = sim.draw(ids, 30 + i % 50, occurrence=i % 2)
+        assert _pure_draw(params, prompt_key(ids), i % 2, 30 + i % 50) == (d.n, d.finished, d.offset, d.multiplier)
+    tokens, logprobs = _pure_pools(9, 3, 300)
+    assert logprobs == sim._lp_pool and tokens == sim._tok_pool and len(tokens) == _POOL
+
+
+def test_plan_and_items(tiny):
+    cfg = BenchConfig(episodes=6, out_len_median=20, out_len_sigma=0.5, max_new_tokens=25, tokenizer="tiny")
+    plan = plan_requests(cfg, tiny)
+    assert len(plan) == 6 and len({r.key for r in plan}) == 6
+    assert all(1 <= r.out_len <= 25 for r in plan) and len({r.out_len for r in plan}) > 1
+    assert plan == plan_requests(cfg, tiny)  # deterministic
+    item = bench_item(7)
+    assert item["messages"][0]["content"].startswith("Problem 7:") and item["answer"].startswith("#### ")
+    assert bench_item(7, warmup=True)["question"] != item["question"]
+    pool = tile_pool(corpus_token_pool(tiny))
+    assert len(pool) == _POOL and "\\boxed{" in tiny.decode(pool[:400])
+
+
+@pytest.mark.parametrize("driver", [_drive_ours, _drive_naive])
+async def test_driver_accounting_on_a_tiny_run(tiny, driver):
+    cfg = BenchConfig(episodes=24, concurrency=4, batch_size=4, warmup=0, out_len_median=12, out_len_sigma=0.4,
+                      max_new_tokens=32, prefill_s=0.01, per_token_s=0.001, tokenizer="tiny", reward_batch_size=4)
+    plan = plan_requests(cfg, tiny)
+    out = _add_ideal(await driver(cfg, tiny), cfg, plan)
+    assert out["work_matches_plan"] is True
+    assert out["accepted"] == 24 and out["failed"] == 0 and out["errors"] == 0
+    assert out["generated_tokens"] == sum(r.out_len for r in plan)
+    assert sum(out["staleness_histogram"].values()) == 24
+    assert 0 < out["efficiency"] <= 1.05 and out["ideal_wall_s"] == pytest.approx(ideal_makespan(plan, 4, cfg.sim_config()),
+                                                                                abs=1e-4)
+    assert out["episodes_per_s"] == pytest.approx(24 / out["wall_s"], rel=1e-3)
+    assert out["cpu_ms_per_episode"] >= out["cpu_ms_per_episode_main"] > 0
+    assert out["reward_latency_p50_s"] <= out["reward_latency_p99_s"]
+    assert 1 <= out["max_inflight"] <= 4 and out["time_to_first_batch_s"] <= out["wall_s"]
+
+
+async def test_ours_counts_injected_failures(tiny):
+    cfg = BenchConfig(episodes=30, concurrency=8, batch_size=8, warmup=0, out_len_median=6, max_new_tokens=16,
+                      error_fraction=0.3, abort_fraction=0.2, tokenizer="tiny", reward_batch_size=8)
+    plan = plan_requests(cfg, tiny)
+    out = _add_ideal(await _drive_ours(cfg, tiny), cfg, plan)
+    errors = sum(r.outcome == "error" for r in plan)
+    assert 0 < errors < 30 and out["work_matches_plan"] is True
+    assert out["failed"] == errors == out["failed_by_reason"]["backend_error"]
+    assert out["accepted"] == 30 - errors == sum(out["staleness_histogram"].values())
+    assert out["backend"]["aborts_injected"] == sum(r.outcome == "abort" for r in plan) > 0
+
+
+def test_memory_summary_flatness():
+    flat = [(i * 0.1, 100.0 + (i % 3), i * 10) for i in range(100)]
+    assert memory_summary(flat, 1000)["flat"] is True
+    growing = [(i * 0.1, 100.0 + i, i * 10) for i in range(100)]
+    summary = memory_summary(growing, 1000)
+    assert summary["flat"] is False and summary["tail_min_mib"] == 110.0 and summary["tail_max_mib"] == 199.0
+    assert memory_summary([], 10)["flat"] is None
+
+
+def test_config_validation_and_areal_limits():
+    with pytest.raises(ValueError, match="window"):
+        BenchConfig(concurrency=8, window=4)
+    with pytest.raises(ValueError, match="episodes"):
+        BenchConfig(episodes=0)
+    assert BenchConfig().effective_window == 512
+    assert BenchConfig(max_running_seqs=8).areal_unsupported()
+    assert BenchConfig(error_fraction=0.1).areal_unsupported()
+    assert BenchConfig(straggler_fraction=0.1, straggler_multiplier=5).areal_unsupported() is None
+
+
+def test_table_json_and_cli(tmp_path, capsys):
+    rows = [{"side": "ours", "concurrency": 8, "episodes_per_s": 100.0, "tokens_per_s": 1e4, "efficiency": 0.98,
+             "cpu_ms_per_episode": 0.5, "peak_rss_mib": 400, "rss_per_inflight_kib": 12.0,
+             "time_to_first_batch_s": 0.1, "reward_latency_p50_s": 0.001, "reward_latency_p99_s": 0.01, "failed": 0},
+            {"side": "areal", "concurrency": 8, "skipped": "not built"}]
+    table = format_table(rows, title="t")
+    assert "ours" in table and "areal (skipped)" in table and "0.980" in table
+    path = write_json(tmp_path / "r.json", "bench", {"episodes": 1}, rows)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "bench/1" and doc["results"] == rows and doc["machine"]["cpus"] >= 1
+
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--episodes", "5", "--max-running-seqs", "none", "--prefill-s", "0.5",
+                              "--sides", "ours,nope", "--out", str(tmp_path / "b.json")])
+    assert args.episodes == 5 and args.max_running_seqs is None and math.isclose(args.prefill_s, 0.5)
+    assert run_bench(args) == 2
+    assert "unknown side" in capsys.readouterr().err

@@ -108,9 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds per reward attempt before its worker is killed (default 15)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    from .bench import add_bench_parser
     from .serve import add_serve_parser
 
     add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -119,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return args.handler(args)
+    if args.command == "bench":
+        from .bench import run_bench
+
+        return run_bench(args)
     if args.backend in ("sglang", "vllm") and not args.server:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2

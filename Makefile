@@ -50,7 +50,7 @@ test-smollm2: $(VENV)/.model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smollm2 -s
 
 bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/rollout bench
 
 clean:
 	rm -rf $(VENV) rollout-out .pytest_cache

@@ -27,8 +27,10 @@ its schedule.  The AReaL side supports the per-request latency model only
 
 Metrics (per side; the JSON schema is in ``benchmarks/README.md``): episodes/s,
 generated tokens/s, efficiency = ideal makespan / wall time (the ideal is
-:func:`engine.backends.sim.simulate_makespan` over the requests the side's server
-recorded: a zero-overhead executor on the same server model and slots), CPU ms per
+:func:`engine.backends.sim.simulate_makespan` over the planned requests
+(:func:`plan_requests`) in submission order: a zero-overhead executor on the same
+server model and slots; each side's recorded requests are checked against the
+plan, ``work_matches_plan``), CPU ms per
 episode (process, all threads, plus child processes), peak RSS and RSS per
 in-flight episode, time to first batch, staleness histogram, reward latency
 p50/p99 (from the call to the reward, queueing included).
@@ -58,16 +60,20 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "HEADLINE",
     "SIDES",
     "BenchConfig",
     "add_bench_parser",
     "bench_item",
     "compare",
+    "corpus_token_pool",
     "format_table",
     "ideal_makespan",
+    "load_tokenizer",
     "plan_requests",
     "run_bench",
     "run_side",
+    "write_json",
 ]
 
 SIDES = ("ours", "areal", "naive")

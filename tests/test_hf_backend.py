@@ -295,7 +295,8 @@ async def test_continuous_mode_stop_string(tiny, reward_pool):
         cut = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g.new(stop=[needle])))
     decoded = tok.decode(cut.output_tokens, skip_special_tokens=False)
     if needle in decoded:
-        assert cut.stop_reason == "stop" and decoded.index(needle) + len(needle) >= len(decoded) - 4
+        # cut at the first token that completes the match (a special token may decode to many chars)
+        assert cut.stop_reason == "stop"
         assert needle not in tok.decode(cut.output_tokens[:-1], skip_special_tokens=False)
     else:
         assert cut.stop_reason == "length" and cut.output_len == 30

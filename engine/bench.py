@@ -91,6 +91,10 @@ class BenchConfig:
     ``concurrency + batch_size``).  ``tokenizer``: ``"tiny"`` (byte-level,
     :func:`engine.testing.build_tiny_tokenizer`), ``"smollm2"`` (SmolLM2's BPE,
     cached by ``make model``), ``"auto"`` (smollm2 if cached, else tiny) or a folder.
+    ``reward_workers``: reward worker processes on every side (``None``: each
+    side's default, 1 on 2 cores for both).  ``reward_batch_size``: our pool's
+    micro-batch (``EngineConfig.reward_batch_size``, whose default is 1; AReaL has
+    no equivalent: its ``ProcessPoolExecutor`` queues one job ahead per worker).
     ``record``: draw by prompt and record the sim's requests, so the work can be
     checked against the plan and the ideal makespan computed (memory grows with
     episodes); the soak turns it off (then the sim draws in dispatch order and
@@ -116,7 +120,7 @@ class BenchConfig:
     max_head_offpolicyness: int | None = None
     tokenizer: str = "auto"
     reward_workers: int | None = None
-    reward_batch_size: int = 1
+    reward_batch_size: int = 16
     window: int | None = None
     seed: int = 0
     record: bool = True
@@ -600,6 +604,7 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                     trajs = await run_batch(backend, pool, [bench_item(done + i, seed=cfg.seed)
                                                               for i in range(k)], counts)
                     generated += sum(int(t["loss_mask"].sum()) for t in trajs)
+                    reward_sum += sum(float(t["rewards"].sum()) for t in trajs)
                     done += k
                     if first_batch_s is None:
                         first_batch_s = time.perf_counter() - meter.t0

@@ -226,9 +226,9 @@ async def test_live_sim_matches_its_replay_under_load(reward_pool, autojump_cloc
 async def test_thousands_of_requests_in_flight(reward_pool, autojump_clock):
     # (the benchmarks run 16384 episodes in flight; this keeps the unit tier fast)
     cfg = SimConfig(vocab_size=100, prefill_s=0.05, per_token_s=0.002, out_len_median=64, out_len_sigma=0.5,
-                    max_running_seqs=1024, decode_slowdown_per_seq=1e-4)
+                    max_running_seqs=512, decode_slowdown_per_seq=1e-4)
     backend = SimBackend(cfg)
-    n = 4096
+    n = 2048
     done = 0
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
 
@@ -241,7 +241,7 @@ async def test_thousands_of_requests_in_flight(reward_pool, autojump_clock):
             for i in range(n):
                 nursery.start_soon(one, i)
     assert done == n and backend.peak_in_progress == n
-    assert backend.statistics()["peak_running_seqs"] == 1024
+    assert backend.statistics()["peak_running_seqs"] == 512
 
 
 def test_config_validation_names_the_field():

@@ -15,9 +15,10 @@ produce ``N`` tokens, once it has a slot:
 
 With the defaults (``K`` unbounded, no slowdown) a request therefore takes
 exactly ``prefill_s + P * prefill_s_per_token + N * per_token_s`` and its first
-token arrives after ``prefill_s + P * prefill_s_per_token + per_token_s``.  The
-shared model runs on one event clock (:class:`ServerModel`): each request sleeps
-once, however many tokens it produces, so tens of thousands of requests in
+token arrives after ``prefill_s + P * prefill_s_per_token + per_token_s``.  One
+event clock (:class:`ServerModel`, driven by one task of the backend actor)
+serves every request: a request parks once, however many tokens it produces,
+and the clock wakes once per event time, so tens of thousands of requests in
 flight cost little CPU.
 
 Draws.  Output lengths come from a seeded lognormal distribution with median
@@ -29,8 +30,9 @@ times longer and it needs that many decode steps per token).  An
 :class:`~engine.errors.BackendError`; an ``abort_fraction`` returns half of its
 tokens with stop reason ``"abort"`` (as a server does during a weight update);
 the engine resumes it with prompt + partial output and the sim serves the rest.
-Token ids are drawn from a seeded pool uniform in ``[first_token_id,
-vocab_size)``, logprobs from a pool uniform in ``[-5, -0.01]``; a request that
+Token ids are slices of a seeded pool of 65536 ids uniform in
+``[first_token_id, vocab_size)`` (or of ``SimBackend(token_pool=...)``), logprobs
+of a pool uniform in ``[-5, -0.01]``; a request that
 finishes before its budget ends with ``eos_token_id`` and stop reason
 ``"stop"``, otherwise ``"length"``.
 
@@ -68,7 +70,14 @@ from ..types import ModelRequest, ModelResponse
 from .base import PerRequestBackend
 
 __all__ = [
-    "ServerModel", "SimBackend", "SimConfig", "SimRequest", "group_episodes", "prompt_key", "simulate_makespan",
+    "ServerModel",
+    "SimBackend",
+    "SimConfig",
+    "SimDraw",
+    "SimRequest",
+    "group_episodes",
+    "prompt_key",
+    "simulate_makespan",
     "tile_pool",
 ]
 
@@ -417,7 +426,9 @@ def group_episodes(requests: Iterable[SimRequest]) -> list[list[SimRequest]]:
 
 # -- the backend --------------------------------------------------------------------------------------
 @dataclass
-class _Draw:
+class SimDraw:
+    """What :meth:`SimBackend.draw` decided for one request."""
+
     n: int  # tokens in all
     finished: bool  # ends with EOS before the budget
     offset: int  # into the token/logprob pools
@@ -477,7 +488,7 @@ class SimBackend(PerRequestBackend):
 
     # -- draws ---------------------------------------------------------------------------------------
     def draw(self, input_ids: Sequence[int], budget: int, *, gconfig_seed: int | None = None,
-             occurrence: int | None = None) -> _Draw:
+             occurrence: int | None = None) -> SimDraw:
         """The draws of one request (length, straggling, failure, pool offset).
 
         With ``draws_by_prompt`` and an explicit ``occurrence`` this has no side
@@ -508,7 +519,7 @@ class SimBackend(PerRequestBackend):
         elif u_fail < cfg.error_fraction + cfg.abort_fraction and n >= 2:
             outcome = ABORT
         offset = rng.randrange(_POOL - min(n, _POOL - 1))
-        return _Draw(n, finished, offset, multiplier, outcome, key)
+        return SimDraw(n, finished, offset, multiplier, outcome, key)
 
     def _tokens(self, offset: int, n: int, eos: bool) -> tuple[list[int], list[float]]:
         tokens = self._tok_pool[offset:offset + n]

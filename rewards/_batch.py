@@ -99,7 +99,10 @@ class Batcher:
         while True:
             first = await self._next_live()
             borrower = object()
-            await limiter.acquire_on_behalf_of(borrower)  # a worker slot for the batch
+            try:  # a worker slot for the batch (no schedule point when one is free)
+                limiter.acquire_on_behalf_of_nowait(borrower)
+            except trio.WouldBlock:
+                await limiter.acquire_on_behalf_of(borrower)
             batch = [first]
             while len(batch) < self._batch_size:  # what queued up meanwhile
                 try:

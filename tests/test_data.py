@@ -92,3 +92,25 @@ def test_concat_preserves_every_real_token(shapes):
         assert int(mask.sum()) == i + o
         assert torch.equal(out["input_ids"][row][mask], td["input_ids"][0])
         assert int(out["loss_mask"][row].sum()) == o
+
+
+def test_trajectory_keeps_per_token_versions_and_fallback_flag():
+    # a generation resumed across a weight update carries two versions; the
+    # one-version fast path must not flatten them
+    resp = ModelResponse(input_tokens=[7, 8], output_tokens=[20, 21, 22, 23], output_logprobs=[-0.1, -0.2, -0.3, -0.4],
+                         output_versions=[4, 4, 5, 5], stop_reason="length")
+    td = trajectory_from_response(resp, 0.5, turn_id=2, reward_is_fallback=True)
+    assert td["versions"].tolist() == [[-1, -1, 4, 4, 5, 5]]
+    assert td["turn_ids"].tolist() == [[-1, -1, 2, 2, 2, 2]]
+    assert td["logprobs"][0, 2:].tolist() == pytest.approx([-0.1, -0.2, -0.3, -0.4])
+    assert td["rewards"].tolist() == [0.5] and td["is_truncated"].tolist() == [True]
+    assert td["reward_is_fallback"].dtype == torch.bool and td["reward_is_fallback"].tolist() == [True]
+    assert "reward_is_fallback" not in trajectory_from_response(resp, 0.5).keys()
+
+
+def test_trajectory_of_an_empty_completion():
+    resp = ModelResponse(input_tokens=[7, 8], output_tokens=[], output_logprobs=[], output_versions=[],
+                         stop_reason="abort")
+    td = trajectory_from_response(resp, 0.0)
+    assert td["input_ids"].tolist() == [[7, 8]] and td["loss_mask"].tolist() == [[0, 0]]
+    assert td["versions"].tolist() == [[-1, -1]]

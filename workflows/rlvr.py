@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import trio
 
 from engine.data import concat_padded_tensors, trajectory_from_response
@@ -27,10 +26,30 @@ def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking:
     """Render ``data["messages"]`` with the tokenizer's chat template (generation
     prompt added) and return the prompt token ids."""
     kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
+    backend = _rust_backend(tokenizer)
+    if backend is not None:  # what tokenize=True does, minus transformers' per-call overhead
+        text = tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
+        return backend.encode(text, add_special_tokens=False).ids
     ids = tokenizer.apply_chat_template(
         data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
     )
     return list(ids)
+
+
+def _rust_backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` behind a fast tokenizer whose encode/decode add
+    nothing on top of it (no clean-up of spaces), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    return backend
+
+
+def _decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
+    backend = _rust_backend(tokenizer)
+    if backend is not None:
+        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class RLVRWorkflow(RolloutWorkflow):
@@ -71,21 +90,24 @@ class RLVRWorkflow(RolloutWorkflow):
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.enable_thinking = enable_thinking
         self.get_input_ids_fn = get_input_ids_fn
+        self._sample_cfg = self.gconfig.new(n_samples=1)  # shared by every request (never mutated)
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]):
         input_ids = self.get_input_ids_fn(self.tokenizer, data, self.enable_thinking)
         n = self.gconfig.n_samples
-        sample_cfg = self.gconfig.new(n_samples=1)
+        sample_cfg = self._sample_cfg
         trajectories: list[Any] = [None] * n
 
         async def one_sample(i: int) -> None:
             req = ModelRequest(input_ids=input_ids, gconfig=sample_cfg, tokenizer=self.tokenizer)
             resp = await engine.agenerate(req)
             scored = await self._reward(engine, resp, data)
-            traj = trajectory_from_response(resp, scored.reward)
-            traj["reward_is_fallback"] = torch.tensor([scored.is_fallback])  # [1] bool: never a silent 0.0
+            traj = trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
             trajectories[i] = traj
 
+        if n == 1:  # no child nursery and task for the common case
+            await one_sample(0)
+            return trajectories[0]
         async with trio.open_nursery() as nursery:
             for i in range(n):
                 nursery.start_soon(one_sample, i)
@@ -93,8 +115,8 @@ class RLVRWorkflow(RolloutWorkflow):
 
     async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any]) -> Any:
         """Score one sample in the engine's reward pool -> ``rewards.RewardOutcome``."""
-        prompt = self.tokenizer.decode(resp.input_tokens, skip_special_tokens=False)
-        completion = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=self.gconfig.skip_special_tokens)
+        prompt = _decode(self.tokenizer, resp.input_tokens, False)
+        completion = _decode(self.tokenizer, resp.output_tokens, self.gconfig.skip_special_tokens)
         return await engine.reward_pool.score(
             self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data
         )

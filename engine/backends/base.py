@@ -113,6 +113,7 @@ class PerRequestBackend(InferenceBackend):
 
     def __init__(self, *, max_concurrency: int | None = None) -> None:
         self._limiter = trio.CapacityLimiter(max_concurrency if max_concurrency else math.inf)
+        self._unlimited = not max_concurrency
         self.requests_served = 0
         self.tokens_generated = 0
 
@@ -127,6 +128,21 @@ class PerRequestBackend(InferenceBackend):
                 async for job in jobs:
                     if not job.withdrawn:
                         nursery.start_soon(self._serve_one, job)
+
+    async def serve_inline(self, request: ModelRequest, budget: int) -> ModelResponse:
+        """Serve one request on the caller's task: what :meth:`run` does for a job,
+        without the channel hop and the extra task (the engine's path for
+        per-request backends; the actor still runs, for backends that keep shared
+        state in it).  Same limiter and counters; cancelling the caller cancels
+        :meth:`generate`."""
+        if self._unlimited:  # no limiter: skips its schedule point (each one costs a pass of the run queue)
+            resp = await self.generate(request, budget)
+        else:
+            async with self._limiter:
+                resp = await self.generate(request, budget)
+        self.requests_served += 1
+        self.tokens_generated += resp.output_len
+        return resp
 
     async def _serve_one(self, job: GenerationJob) -> None:
         with job.cancel_scope:
@@ -177,6 +193,8 @@ def validate_response(resp: ModelResponse, request: ModelRequest) -> None:
         raise BackendError(f"request {rid}: {n} output_tokens but {len(resp.output_logprobs)} output_logprobs")
     if len(resp.output_versions) != n:
         raise BackendError(f"request {rid}: {n} output_tokens but {len(resp.output_versions)} output_versions")
+    if _plain_evidence(resp.output_tokens, resp.output_logprobs) and resp.stop_reason in STOP_REASONS:
+        return  # fast path: C-level scans; the loops below only run to name a bad element
     for i, lp in enumerate(resp.output_logprobs):
         if isinstance(lp, bool) or not isinstance(lp, (int, float)):
             raise BackendError(f"request {rid}: output_logprobs[{i}] is {type(lp).__name__}, not a float")
@@ -187,3 +205,20 @@ def validate_response(resp: ModelResponse, request: ModelRequest) -> None:
             raise BackendError(f"request {rid}: output_tokens[{i}] = {tok!r} is not a token id")
     if resp.stop_reason not in STOP_REASONS:
         raise BackendError(f"request {rid}: unknown stop_reason {resp.stop_reason!r}")
+
+
+_INT_ONLY = frozenset({int})
+_REAL_TYPES = frozenset({int, float})
+
+
+def _plain_evidence(tokens: list[int], logprobs: list[float]) -> bool:
+    """True when every token is a plain ``int >= 0`` and every logprob a plain
+    finite ``int``/``float`` <= 1e-4 other than the vLLM sentinel (exact types;
+    anything else takes the precise per-element path)."""
+    if not tokens:
+        return True
+    if not set(map(type, tokens)) <= _INT_ONLY or min(tokens) < 0:
+        return False
+    if not set(map(type, logprobs)) <= _REAL_TYPES or any(map(math.isnan, logprobs)):
+        return False
+    return max(logprobs) <= 1e-4 and min(logprobs) > -math.inf and VLLM_LOGPROB_SENTINEL not in logprobs

@@ -464,13 +464,19 @@ class RolloutEngine:
     async def _admit_forever(self) -> None:
         """Start queued episodes whenever capacity allows (the admission actor)."""
         while True:
-            while self._queue and not self.paused and self._staleness.capacity(self.version) > 0:
-                task = self._queue.popleft()
-                self._counts["queued"] -= 1
-                self._counts["running"] += 1
-                self._staleness.running += 1
-                self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
+            self._admit_now()
             await self._admission.park()
+
+    def _admit_now(self) -> None:
+        """Start queued episodes while capacity allows (sync: called by the
+        admission actor, and by an ending episode so that its successor starts in
+        the next pass of the run queue instead of the one after)."""
+        while self._queue and not self._closed and not self.paused and self._staleness.capacity(self.version) > 0:
+            task = self._queue.popleft()
+            self._counts["queued"] -= 1
+            self._counts["running"] += 1
+            self._staleness.running += 1
+            self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
 
     # -- one episode -------------------------------------------------------------------
     async def _run_episode(self, task: _Task) -> None:
@@ -615,6 +621,8 @@ class RolloutEngine:
         if was_running:
             self._staleness.running -= 1
         self._count_end(result, +1)
+        if was_running:
+            self._admit_now()
         self._admission.unpark_all()
         if self._dumper is not None and result.status == "accepted":
             self._dumper.record(result, self.version)

@@ -349,8 +349,9 @@ async def test_batching_keeps_each_calls_result_and_errors(tmp_path):
     assert (stats.successes, stats.errors, stats.batch_failures) == (21, 1, 0)
 
 
-async def test_batching_a_hang_or_crash_costs_the_others_nothing():
-    async with open_reward_pool(max_workers=2, timeout_seconds=1.5, max_retries=0,
+@pytest.mark.parametrize("workers", [1, 2])  # 1: the batcher runs batches on its own task
+async def test_batching_a_hang_or_crash_costs_the_others_nothing(workers):
+    async with open_reward_pool(max_workers=workers, timeout_seconds=1.5, max_retries=0,
                                 batch_size=8) as pool:
         outcomes = {}
 

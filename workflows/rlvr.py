@@ -98,10 +98,14 @@ class RLVRWorkflow(RolloutWorkflow):
         sample_cfg = self._sample_cfg
         trajectories: list[Any] = [None] * n
 
+        prompt_text: list[str] = []  # decoded once per episode, shared by its samples
+
         async def one_sample(i: int) -> None:
             req = ModelRequest(input_ids=input_ids, gconfig=sample_cfg, tokenizer=self.tokenizer)
             resp = await engine.agenerate(req)
-            scored = await self._reward(engine, resp, data)
+            if not prompt_text:
+                prompt_text.append(_decode(self.tokenizer, resp.input_tokens, False))
+            scored = await self._reward(engine, resp, data, prompt_text[0])
             traj = trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
             trajectories[i] = traj
 
@@ -113,9 +117,9 @@ class RLVRWorkflow(RolloutWorkflow):
                 nursery.start_soon(one_sample, i)
         return concat_padded_tensors(trajectories)
 
-    async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any]) -> Any:
-        """Score one sample in the engine's reward pool -> ``rewards.RewardOutcome``."""
-        prompt = _decode(self.tokenizer, resp.input_tokens, False)
+    async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any], prompt: str) -> Any:
+        """Score one sample in the engine's reward pool -> ``rewards.RewardOutcome``
+        (``prompt``: the decoded prompt, special tokens kept)."""
         completion = _decode(self.tokenizer, resp.output_tokens, self.gconfig.skip_special_tokens)
         return await engine.reward_pool.score(
             self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data

@@ -42,7 +42,7 @@ import trio
 from tensordict import TensorDict
 
 from ._gc import gc_tuned
-from .backends.base import GenerationJob, InferenceBackend, validate_response
+from .backends.base import GenerationJob, InferenceBackend, PerRequestBackend, validate_response
 from .buffer import ResultBuffer
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
@@ -264,13 +264,17 @@ class RolloutEngine:
         self._segments_resumed = 0  # generation segments re-sent after an abort
         self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
         self._data_iters: dict[int, Iterator[Any]] = {}
-        from .backends.base import PerRequestBackend
         self._inline = backend.serve_inline if isinstance(backend, PerRequestBackend) else None
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        """Generate a completion for ``req`` through the backend actor.
+        """Generate a completion for ``req`` on the backend.
+
+        A per-request backend (``SimBackend``, ``MockBackend``, the remote HTTP
+        backends) serves it on the caller's task (:meth:`PerRequestBackend.serve_inline`:
+        its actor keeps shared state such as the sim's clock); a batching backend
+        (``HFBackend``) receives it as a job over the actor's channel.
 
         Each segment waits while the engine is paused, then tags its tokens with
         the version read before it is sent (AReaL PR #1569).  An interrupted

@@ -47,17 +47,17 @@ import json
 import math
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from array import array
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+from ._bench_meter import Meter, percentile, rss_mib, staleness_histogram
 
 __all__ = [
     "HEADLINE",
@@ -234,125 +234,6 @@ def load_tokenizer(spec: str) -> tuple[Any, str]:
     if not path.is_dir():
         raise ValueError(f"tokenizer {spec!r}: folder {path} not found (run `make model` for smollm2)")
     return AutoTokenizer.from_pretrained(str(path)), spec
-
-
-# -- process metrics (stdlib; also used on the AReaL side) -------------------------------------------
-def _children() -> list[int]:
-    me, out = os.getpid(), []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    data = f.read().decode()
-            except OSError:
-                continue
-            if int(data[data.rfind(")") + 2:].split()[1]) == me:
-                out.append(int(pid))
-    return out
-
-
-def children_cpu_s() -> float:
-    """CPU seconds of reaped children plus live direct children (reward workers)."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = ru.ru_utime + ru.ru_stime
-    tck = os.sysconf("SC_CLK_TCK")
-    for pid in _children():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                data = f.read().decode()
-        except OSError:
-            continue
-        rest = data[data.rfind(")") + 2:].split()
-        total += (int(rest[11]) + int(rest[12])) / tck
-    return total
-
-
-def children_rss_mib() -> float:
-    total = 0.0
-    for pid in _children():
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0) / 1024
-        except OSError:
-            pass
-    return total
-
-
-def rss_mib() -> tuple[float, float]:
-    """(current, peak) resident set size of this process in MiB."""
-    cur = peak = 0.0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                cur = int(line.split()[1]) / 1024
-            elif line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) / 1024
-    return cur, peak
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile, ``q`` in (0, 1]; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(q * len(ordered)), 1) - 1]
-
-
-class Meter:
-    """CPU, wall and memory of one measured run (start after warm-up)."""
-
-    def __init__(self) -> None:
-        self.rss_before, _ = rss_mib()
-        self.cpu0, self.children0 = time.process_time(), children_cpu_s()
-        self.t0 = time.perf_counter()
-        self.samples: list[tuple[float, float, int]] = []  # (s since t0, RSS MiB, episodes done)
-
-    def sample(self, done: int) -> None:
-        self.samples.append((round(time.perf_counter() - self.t0, 3), round(rss_mib()[0], 1), done))
-
-    def result(self, *, wall_s: float, episodes: int, generated_tokens: int, max_inflight: int,
-               keep_samples: bool) -> dict[str, Any]:
-        cpu_main = time.process_time() - self.cpu0
-        cpu_children = children_cpu_s() - self.children0
-        rss_after, peak = rss_mib()
-        peak_sampled = max([s[1] for s in self.samples] + [rss_after])
-        out = {
-            "wall_s": round(wall_s, 4),
-            "episodes_per_s": round(episodes / wall_s, 2) if wall_s > 0 else None,
-            "generated_tokens": generated_tokens,
-            "tokens_per_s": round(generated_tokens / wall_s, 1) if wall_s > 0 else None,
-            "cpu_main_s": round(cpu_main, 4),
-            "cpu_children_s": round(cpu_children, 4),
-            "cpu_ms_per_episode": round(1000 * (cpu_main + cpu_children) / max(1, episodes), 4),
-            "cpu_ms_per_episode_main": round(1000 * cpu_main / max(1, episodes), 4),
-            "rss_before_mib": round(self.rss_before, 1),
-            "rss_after_mib": round(rss_after, 1),
-            "peak_rss_mib": round(peak, 1),
-            "rss_children_mib": round(children_rss_mib(), 1),
-            "max_inflight": max_inflight,
-            "rss_per_inflight_kib": round(1024 * max(peak_sampled - self.rss_before, 0.0) / max(1, max_inflight), 2),
-        }
-        out["memory"] = memory_summary(self.samples, episodes)
-        if keep_samples:
-            out["memory_samples"] = self.samples
-        return out
-
-
-def memory_summary(samples: list[tuple[float, float, int]], episodes: int) -> dict[str, Any]:
-    """RSS over the last 90% of the run (by episodes done): min, max, and whether
-    it stayed within 10% (``flat``)."""
-    tail = [s[1] for s in samples if s[2] >= 0.1 * episodes]
-    if len(tail) < 2:
-        return {"samples": len(samples), "tail_min_mib": None, "tail_max_mib": None, "tail_spread": None,
-                "flat": None}
-    lo, hi = min(tail), max(tail)
-    spread = (hi - lo) / lo
-    return {"samples": len(samples), "tail_min_mib": lo, "tail_max_mib": hi, "tail_spread": round(spread, 4),
-            "flat": spread <= 0.10}
-
-
-def staleness_histogram(values: dict[int, int]) -> dict[str, int]:
-    return {str(k): values[k] for k in sorted(values)}
 
 
 def ideal_makespan(requests: list[Any], concurrency: int, sim_config: Any) -> float:
@@ -624,199 +505,15 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                     backend=backend.statistics())
 
 
-# -- AReaL (runs under the peer venv's interpreter) ----------------------------------------------------
-def _pure_prompt_key(input_ids: list[int]) -> int:
-    """Same as :func:`engine.backends.sim.prompt_key` (a test checks they agree)."""
-    return int.from_bytes(hashlib.blake2b(array("q", input_ids).tobytes(), digest_size=8).digest(), "little")
-
-
-def _pure_draw(sim: dict[str, Any], key: int, occurrence: int, budget: int) -> tuple[int, bool, int, float]:
-    """Same draws as ``SimBackend.draw`` with ``draws_by_prompt`` for the AReaL side
-    (no failures): (tokens, finished, pool offset, multiplier).  A test checks they agree."""
-    rng = random.Random((sim["seed"] * 1_000_003 + occurrence) ^ key)
-    n = sim["out_len_median"]
-    if sim["out_len_sigma"] > 0:
-        n = max(1, round(rng.lognormvariate(math.log(sim["out_len_median"]), sim["out_len_sigma"])))
-    u_straggle, _u_fail = rng.random(), rng.random()
-    finished = n < budget
-    n = max(min(n, budget), 0)
-    mult = sim["straggler_multiplier"] if u_straggle < sim["straggler_fraction"] else 1.0
-    return n, finished, rng.randrange(_POOL - min(n, _POOL - 1)), mult
-
-
-def _pure_pools(seed: int, first_token_id: int, vocab_size: int) -> tuple[list[int], list[float]]:
-    """Same token/logprob pools as ``SimBackend`` (a test checks they agree)."""
-    rng = random.Random(f"sim-pool:{seed}")
-    tokens = [rng.randrange(first_token_id, vocab_size) for _ in range(_POOL)]
-    return tokens, [-rng.uniform(0.01, 5.0) for _ in range(_POOL)]
-
-
-def _areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragma: no cover - peer venv only
-    import asyncio
-    import logging
-
-    import torch  # noqa: F401
-    from transformers import AutoTokenizer
-
-    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
-    from areal.api.engine_api import InferenceEngine
-    from areal.api.io_struct import ModelResponse
-    from areal.api.reward_api import AsyncRewardWrapper
-    from areal.infra.workflow_executor import WorkflowExecutor
-    from areal.utils import stats_tracker
-    from areal.workflow.rlvr import RLVRWorkflow
-    from rewards.gsm8k import gsm8k_reward
-
-    for name in list(logging.root.manager.loggerDict):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    sim = cfg.sim_params(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-    _, lp_pool = _pure_pools(sim["seed"], sim["first_token_id"], sim["vocab_size"])
-    tok_pool = corpus_token_pool(tokenizer, cfg.seed)
-    tok_pool = (tok_pool * -(-_POOL // len(tok_pool)))[:_POOL]  # engine.backends.sim.tile_pool
-
-    class FakeEngine(InferenceEngine):
-        """The sim's per-request model: same draws, one asyncio.sleep of its latency."""
-
-        def __init__(self) -> None:
-            self._version, self._lock = 0, threading.Lock()
-            self.seen: dict[int, int] = {}
-            self.log: list[tuple[int, int, int, float]] = []
-            self.inflight = self.peak_inflight = self.out_tokens = 0
-
-        @property
-        def initialized(self) -> bool:
-            return True
-
-        def get_version(self) -> int:
-            with self._lock:
-                return self._version
-
-        def set_version(self, version: int) -> None:
-            with self._lock:
-                self._version = version
-
-        async def agenerate(self, req: Any) -> Any:
-            version = self.get_version()
-            ids = list(req.input_ids)
-            key = _pure_prompt_key(ids)
-            occurrence = self.seen.get(key, 0)
-            self.seen[key] = occurrence + 1
-            budget = min(req.gconfig.max_tokens - len(ids), req.gconfig.max_new_tokens)
-            n, finished, offset, mult = _pure_draw(sim, key, occurrence, budget)
-            if cfg.record:
-                self.log.append((key, len(ids), n, mult))
-            prefill = (sim["prefill_s"] + len(ids) * sim["prefill_s_per_token"]) * mult
-            latency = prefill + n * mult * sim["per_token_s"]
-            self.inflight += 1
-            self.peak_inflight = max(self.peak_inflight, self.inflight)
-            try:
-                await asyncio.sleep(latency)
-            finally:
-                self.inflight -= 1
-            self.out_tokens += n
-            tokens = tok_pool[offset:offset + n]
-            if finished and tokens:
-                tokens[-1] = sim["eos_token_id"]
-            return ModelResponse(input_tokens=ids, output_tokens=tokens, output_logprobs=lp_pool[offset:offset + n],
-                                 output_versions=[version] * n, stop_reason="stop" if finished else "length",
-                                 tokenizer=req.tokenizer, latency=latency, ttft=prefill + mult * sim["per_token_s"])
-
-    engine = FakeEngine()
-    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=cfg.max_new_tokens)
-    workflow = RLVRWorkflow(reward_fn=gsm8k_reward, gconfig=gconfig, tokenizer=tokenizer, enable_thinking=False)
-    if cfg.reward_workers is not None:
-        workflow.async_reward_fn = AsyncRewardWrapper(gsm8k_reward, max_workers=cfg.reward_workers)
-    inner_reward = workflow.async_reward_fn
-    latencies: list[float] = []
-
-    class TimedReward:  # reward latency from the call, queueing included (as ours)
-        async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return await inner_reward(*args, **kwargs)
-            finally:
-                if cfg.record:
-                    latencies.append(time.perf_counter() - t)
-
-    workflow.async_reward_fn = TimedReward()
-
-    def new_executor(batch: int) -> Any:
-        ex = WorkflowExecutor(config=InferenceEngineConfig(
-            max_concurrent_rollouts=cfg.concurrency, consumer_batch_size=batch,
-            max_head_offpolicyness=10**9 if cfg.max_head_offpolicyness is None else cfg.max_head_offpolicyness,
-        ), inference_engine=engine)
-        ex.initialize(logger=logging.getLogger("WorkflowExecutor"), train_data_parallel_size=1)
-        return ex
-
-    if cfg.warmup:
-        ex = new_executor(cfg.batch_size)
-        for i in range(cfg.warmup):
-            ex.submit(bench_item(i, warmup=True, seed=cfg.seed), workflow)
-        ex.wait(count=cfg.warmup, timeout=3600)
-        ex.destroy()
-        engine.seen.clear()
-        engine.log.clear()
-        latencies.clear()
-        engine.peak_inflight = engine.out_tokens = 0
-        stats_tracker.export_all(reset=True)
-    ex = new_executor(cfg.batch_size)
-    n, window = cfg.episodes, cfg.effective_window
-    submitted = consumed = accepted = 0
-    reward_sum = 0.0
-    stale: dict[int, int] = {}
-    first_batch_s = None
-    meter = Meter()
-    stop = threading.Event()
-
-    def sampler() -> None:
-        while not stop.is_set():
-            meter.sample(consumed)
-            stop.wait(cfg.sample_every_s)
-
-    threading.Thread(target=sampler, daemon=True).start()
-    while consumed < n:
-        while submitted < n and submitted - consumed < window:
-            ex.submit(bench_item(submitted, seed=cfg.seed), workflow)
-            submitted += 1
-        results = ex.wait(count=min(cfg.batch_size, n - consumed), timeout=3600)
-        if first_batch_s is None:
-            first_batch_s = time.perf_counter() - meter.t0
-        consumed += len(results)
-        version = engine.get_version()
-        for r in results:
-            if r is None:
-                continue
-            accepted += 1
-            reward_sum += float(r["rewards"].sum())
-            oldest = int(r["versions"].masked_fill(r["loss_mask"] == 0, 1 << 30).min())
-            stale[version - oldest] = stale.get(version - oldest, 0) + 1
-        engine.set_version(version + 1)
-        stats_tracker.export_all(reset=True)
-    wall = time.perf_counter() - meter.t0
-    stop.set()
-    measured = meter.result(wall_s=wall, episodes=n, generated_tokens=engine.out_tokens,
-                            max_inflight=engine.peak_inflight, keep_samples=not cfg.record)
-    ex.destroy()
-    import importlib.metadata as md
-
-    return {
-        "counts": {"accepted": accepted, "rejected": n - accepted, "failed": 0, "failed_by_reason": {}},
-        "measured": measured, "log": engine.log, "time_to_first_batch_s": _r(first_batch_s),
-        "staleness_histogram": staleness_histogram(stale), "reward_latency_p50_s": _r(percentile(latencies, 0.5)),
-        "reward_latency_p99_s": _r(percentile(latencies, 0.99)), "reward_workers": inner_reward.max_workers,
-        "reward_mean": _r(reward_sum / max(1, accepted)), "token_pool_digest": pool_digest(tok_pool),
-        "areal_version": md.version("areal"),
-    }
-
-
 # -- running sides ------------------------------------------------------------------------------------
 def _side_child_main() -> None:
     """Entry point of a side's process: ``argv = [side, config json, tokenizer dir]``."""
     side, raw = sys.argv[1], json.loads(sys.argv[2])
     cfg = BenchConfig(**raw)
     if side == "areal":
-        out = _areal_side(cfg, sys.argv[3])
+        from ._bench_areal import areal_side
+
+        out = areal_side(cfg, sys.argv[3])
     else:
         import trio
 

@@ -15,22 +15,20 @@ import math
 import pytest
 
 from engine.backends.sim import SimBackend, SimConfig, SimRequest, prompt_key, tile_pool
+from engine._bench_areal import _pure_draw, _pure_pools, _pure_prompt_key
+from engine._bench_meter import memory_summary
 from engine.bench import (
     _POOL,
     BenchConfig,
     _add_ideal,
     _drive_naive,
     _drive_ours,
-    _pure_draw,
-    _pure_pools,
-    _pure_prompt_key,
     add_bench_parser,
     bench_item,
     corpus_token_pool,
     format_table,
     ideal_makespan,
     load_tokenizer,
-    memory_summary,
     plan_requests,
     run_bench,
     write_json,

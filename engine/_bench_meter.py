@@ -1,0 +1,134 @@
+"""Process metrics for ``rollout bench`` (:mod:`engine.bench`): CPU of a process
+and its children (reaped, and live ones read from ``/proc``), RSS, percentiles,
+memory flatness, the staleness histogram.  Standard library only: the AReaL side
+uses it under the peer venv's interpreter too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from typing import Any
+
+__all__ = ["Meter", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "rss_mib",
+           "staleness_histogram"]
+
+
+def _children() -> list[int]:
+    me, out = os.getpid(), []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    data = f.read().decode()
+            except OSError:
+                continue
+            if int(data[data.rfind(")") + 2:].split()[1]) == me:
+                out.append(int(pid))
+    return out
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of reaped children plus live direct children (reward workers)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = ru.ru_utime + ru.ru_stime
+    tck = os.sysconf("SC_CLK_TCK")
+    for pid in _children():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read().decode()
+        except OSError:
+            continue
+        rest = data[data.rfind(")") + 2:].split()
+        total += (int(rest[11]) + int(rest[12])) / tck
+    return total
+
+
+def children_rss_mib() -> float:
+    total = 0.0
+    for pid in _children():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0) / 1024
+        except OSError:
+            pass
+    return total
+
+
+def rss_mib() -> tuple[float, float]:
+    """(current, peak) resident set size of this process in MiB."""
+    cur = peak = 0.0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                cur = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    return cur, peak
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile, ``q`` in (0, 1]; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)), 1) - 1]
+
+
+class Meter:
+    """CPU, wall and memory of one measured run (start after warm-up)."""
+
+    def __init__(self) -> None:
+        self.rss_before, _ = rss_mib()
+        self.cpu0, self.children0 = time.process_time(), children_cpu_s()
+        self.t0 = time.perf_counter()
+        self.samples: list[tuple[float, float, int]] = []  # (s since t0, RSS MiB, episodes done)
+
+    def sample(self, done: int) -> None:
+        self.samples.append((round(time.perf_counter() - self.t0, 3), round(rss_mib()[0], 1), done))
+
+    def result(self, *, wall_s: float, episodes: int, generated_tokens: int, max_inflight: int,
+               keep_samples: bool) -> dict[str, Any]:
+        cpu_main = time.process_time() - self.cpu0
+        cpu_children = children_cpu_s() - self.children0
+        rss_after, peak = rss_mib()
+        peak_sampled = max([s[1] for s in self.samples] + [rss_after])
+        out = {
+            "wall_s": round(wall_s, 4),
+            "episodes_per_s": round(episodes / wall_s, 2) if wall_s > 0 else None,
+            "generated_tokens": generated_tokens,
+            "tokens_per_s": round(generated_tokens / wall_s, 1) if wall_s > 0 else None,
+            "cpu_main_s": round(cpu_main, 4),
+            "cpu_children_s": round(cpu_children, 4),
+            "cpu_ms_per_episode": round(1000 * (cpu_main + cpu_children) / max(1, episodes), 4),
+            "cpu_ms_per_episode_main": round(1000 * cpu_main / max(1, episodes), 4),
+            "rss_before_mib": round(self.rss_before, 1),
+            "rss_after_mib": round(rss_after, 1),
+            "peak_rss_mib": round(peak, 1),
+            "rss_children_mib": round(children_rss_mib(), 1),
+            "max_inflight": max_inflight,
+            "rss_per_inflight_kib": round(1024 * max(peak_sampled - self.rss_before, 0.0) / max(1, max_inflight), 2),
+        }
+        out["memory"] = memory_summary(self.samples, episodes)
+        if keep_samples:
+            out["memory_samples"] = self.samples
+        return out
+
+
+def memory_summary(samples: list[tuple[float, float, int]], episodes: int) -> dict[str, Any]:
+    """RSS over the last 90% of the run (by episodes done): min, max, and whether
+    it stayed within 10% (``flat``)."""
+    tail = [s[1] for s in samples if s[2] >= 0.1 * episodes]
+    if len(tail) < 2:
+        return {"samples": len(samples), "tail_min_mib": None, "tail_max_mib": None, "tail_spread": None,
+                "flat": None}
+    lo, hi = min(tail), max(tail)
+    spread = (hi - lo) / lo
+    return {"samples": len(samples), "tail_min_mib": lo, "tail_max_mib": hi, "tail_spread": round(spread, 4),
+            "flat": spread <= 0.10}
+
+
+def staleness_histogram(values: dict[int, int]) -> dict[str, int]:
+    return {str(k): values[k] for k in sorted(values)}

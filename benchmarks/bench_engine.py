@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.bench import SIDES, BenchConfig, compare, format_table, write_json  # noqa: E402
+from engine.bench import SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json  # noqa: E402
 
 SCENARIOS = {
     "zero latency": {},
@@ -73,10 +73,16 @@ def main() -> int:
     p.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "bench_engine.json"))
     args = p.parse_args()
 
-    base = BenchConfig(episodes=args.episodes, concurrency=args.concurrency, batch_size=args.batch_size,
-                       out_len_median=args.out_len_median, out_len_sigma=args.out_len_sigma,
-                       tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size)
-    sides = tuple(s for s in args.sides.split(",") if s)
+    try:  # bad options: an argparse error naming the field, before anything runs
+        base = BenchConfig(episodes=args.episodes, concurrency=args.concurrency, batch_size=args.batch_size,
+                           out_len_median=args.out_len_median, out_len_sigma=args.out_len_sigma,
+                           tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size)
+        sides = parse_sides(args.sides)
+        if args.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {args.repeats}")
+        load_tokenizer(base.tokenizer)
+    except ValueError as exc:
+        p.error(str(exc))
     results, configs = [], {}
     for name, overrides in SCENARIOS.items():
         cfg = replace(base, **overrides)

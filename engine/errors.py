@@ -8,7 +8,10 @@
     ├── BackendError                      the inference backend failed or sent bad evidence
     ├── RewardError                       a reward function raised, returned a non-finite
     │                                     or non-numeric value, or cannot be pickled
-    └── WorkflowError                     a workflow could not be resolved/instantiated
+    ├── WorkflowError                     a workflow could not be resolved/instantiated
+    ├── EpisodeFailuresError              recent episodes all failed (the failure breaker
+    │                                     opened); names the dominant reason
+    └── DataExhaustedError                a one-pass dataloader has no more items
 
 Episode failures are recorded as data, not raised: each failed episode keeps a
 ``reason`` (one of :data:`FAILURE_REASONS`) and the original exception's type and
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "DataExhaustedError",
     "DatasetError",
+    "EpisodeFailuresError",
     "FAILURE_REASONS",
     "InvalidRequestError",
     "RewardError",
@@ -53,6 +58,22 @@ class RewardError(RolloutError):
 
 class WorkflowError(RolloutError):
     """A workflow spec could not be resolved or instantiated."""
+
+
+class EpisodeFailuresError(RolloutError):
+    """Recent episodes all failed, so the engine stopped submitting (its failure
+    breaker opened: :mod:`engine._breaker`).  The message names the dominant failure
+    reason with one example; ``trip`` holds the counts.  Calling ``prepare_batch``
+    again resumes submitting (fix the cause first)."""
+
+    def __init__(self, message: str, trip: object = None) -> None:
+        super().__init__(message)
+        self.trip = trip
+
+
+class DataExhaustedError(RolloutError):
+    """``prepare_batch``'s one-pass dataloader (a generator or other iterator) has
+    no more items and every episode it fed has been returned."""
 
 
 #: Reasons an episode can fail with (``EpisodeResult.reason`` when status is "failed").

@@ -32,7 +32,7 @@ import contextvars
 import inspect
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -43,10 +43,12 @@ from tensordict import TensorDict
 
 from ._gc import gc_tuned
 from .backends.base import GenerationJob, InferenceBackend, PerRequestBackend, validate_response
+from ._breaker import FailureBreaker, FailureLog
 from .buffer import ResultBuffer
+from .datastream import DataStream
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
-from .errors import BackendError, failure_reason
+from .errors import BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, failure_reason
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
 
@@ -99,6 +101,13 @@ class EngineConfig:
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
         reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
             reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
+        failure_breaker_consecutive, failure_breaker_window, failure_breaker_rate:
+            bounded failure (:mod:`engine._breaker`): stop refilling
+            :meth:`RolloutEngine.prepare_batch`'s pipeline, and make it raise
+            :class:`~engine.errors.EpisodeFailuresError`, after this many failed
+            episodes in a row, or when at least ``failure_breaker_rate`` of the last
+            ``failure_breaker_window`` ended episodes failed (``None`` disables a rule).
+            Rejections and cancellations are not failures.
         gc_tuning: while the engine is open, freeze the objects alive at open
             (``gc.freeze``) and raise the young generation's threshold to 10000;
             restored at close (:mod:`engine._gc`: process-wide, reference counted;
@@ -121,6 +130,9 @@ class EngineConfig:
     reward_batch_size: int = 1
     reward_max_batch_delay_s: float = 0.0
     gc_tuning: bool = True
+    failure_breaker_consecutive: int | None = 32
+    failure_breaker_window: int = 256
+    failure_breaker_rate: float | None = 0.9
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_rollouts", "consumer_batch_size"):
@@ -138,6 +150,13 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
         if self.reward_max_retries < 0:
             raise ValueError(f"reward_max_retries must be >= 0, got {self.reward_max_retries}")
+        if self.failure_breaker_consecutive is not None and self.failure_breaker_consecutive < 1:
+            raise ValueError(f"failure_breaker_consecutive must be >= 1 or None, got {self.failure_breaker_consecutive}")
+        if self.failure_breaker_window < 1:
+            raise ValueError(f"failure_breaker_window must be >= 1, got {self.failure_breaker_window}")
+        rate = self.failure_breaker_rate
+        if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
+            raise ValueError(f"failure_breaker_rate must be in (0, 1] or None, got {rate!r}")
 
 
 @dataclass(frozen=True)
@@ -198,6 +217,12 @@ class EngineStatistics:
     reward_fallbacks: int
     backend: dict[str, Any]
     rewards: Any
+    #: the failure breaker is open (prepare_batch stopped refilling; see EngineConfig)
+    breaker_open: bool = False
+    #: times the failure breaker opened
+    breaker_trips: int = 0
+    #: where prepare_batch is in its dataloader (:meth:`engine.datastream.DataStream.state_dict`), or None
+    data_position: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)
@@ -221,18 +246,19 @@ def _failed(task: _Task, exc: BaseException, reason: str | None = None) -> Episo
                          error_type=type(exc).__name__, error_message=str(exc), data=task.data)
 
 
-def _cycle(dataloader: Iterable[Any]) -> Iterator[Any]:
-    """Items of ``dataloader`` forever (epochs); a yielded list/tuple is a batch."""
-    while True:
-        empty = True
-        for element in dataloader:
-            empty = False
-            if isinstance(element, (list, tuple)):
-                yield from element
-            else:
-                yield element
-        if empty:
-            raise ValueError("prepare_batch: the dataloader yielded no items")
+@dataclass(eq=False)
+class _Feeder:
+    """``prepare_batch``'s pipeline: its data stream, the episode spec of the latest
+    call, and the episodes it has in flight (queued or running)."""
+
+    stream: DataStream
+    workflow: Any
+    should_accept_fn: Callable[..., Any] | None
+    group_size: int
+    ahead: int  # episodes to keep queued or running: (eta + 1) * B (AReaL)
+    limit: int  # in flight + accepted results waiting, at most (ahead + B)
+    inflight: set[int] = field(default_factory=set)
+    error: BaseException | None = None  # raised by the dataloader while refilling
 
 
 class RolloutEngine:
@@ -263,7 +289,10 @@ class RolloutEngine:
         self._generated_tokens = 0
         self._segments_resumed = 0  # generation segments re-sent after an abort
         self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
-        self._data_iters: dict[int, Iterator[Any]] = {}
+        self._feeder: _Feeder | None = None
+        self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
+                                       config.failure_breaker_rate)
+        self._failure_log = FailureLog(logger)
         self._inline = backend.serve_inline if isinstance(backend, PerRequestBackend) else None
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
@@ -533,12 +562,17 @@ class RolloutEngine:
                                             "TensorDict with batch size [B] or None")))
             else:
                 trajs.append(out)
-        if errors:
-            i, exc = errors[0]
-            logger.warning("episode %s sample %s failed: %s: %s", task.task_id, i, type(exc).__name__, exc)
+        for i, exc in errors:
+            if self._closed and isinstance(exc, trio.ClosedResourceError):
+                continue
+            self._failure_log.failed(failure_reason(exc), f"episode {task.task_id} sample {i} failed: "
+                                     f"{type(exc).__name__}: {exc}", trio.current_time())
         if not trajs:
             if errors:
-                return _failed(task, errors[0][1])
+                exc = errors[0][1]
+                if self._closed and isinstance(exc, trio.ClosedResourceError):  # closing, not a workflow bug
+                    return _failed(task, exc, reason="cancelled")
+                return _failed(task, exc)
             return EpisodeResult(task.task_id, "rejected", reason="workflow_returned_none", data=task.data)
         complete = not errors and not rejected
         if not complete and self.config.drop_incomplete_group:
@@ -625,6 +659,10 @@ class RolloutEngine:
         if was_running:
             self._staleness.running -= 1
         self._count_end(result, +1)
+        self._breaker.record(result)
+        if self._feeder is not None:
+            self._feeder.inflight.discard(result.task_id)
+            self._refill()
         self._admit_now()  # here, not via the admission actor: the successor starts one run-queue pass sooner
         if self._dumper is not None and result.status == "accepted":
             self._dumper.record(result, self.version)
@@ -709,9 +747,23 @@ class RolloutEngine:
                             should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1) -> TensorDict:
         """Submit every item, wait for all of them, and return the accepted
         trajectories concatenated (:func:`engine.data.concat_padded_tensors`), in
-        submission order.  Rejected and failed episodes are left out."""
+        submission order.  Rejected and failed episodes are left out.
+
+        Raises:
+            EpisodeFailuresError: the failure breaker opened (recent episodes all
+                failed): this call's episodes not yet started end as failed
+                (``"cancelled"``), the running ones are waited for, then this raises.
+            DatasetError: ``items`` is a dict or a string (e.g. a collated batch).
+        """
+        if isinstance(items, (dict, str, bytes)):
+            raise DatasetError(f"rollout_batch: items must be an iterable of dataset items, got "
+                               f"{type(items).__name__} (a dict here is usually a collated batch: "
+                               "build the DataLoader with collate_fn=lambda rows: rows)")
+        if self._breaker.open and self._breaker.reported:
+            self._breaker.reset()
         wf = self._resolve(workflow, workflow_kwargs)
         ids = [self.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
+        trips = self._breaker.trips
         pos = 0
 
         def all_ended() -> bool:  # amortised O(len(ids)) over all wake-ups
@@ -720,51 +772,163 @@ class RolloutEngine:
                 pos += 1
             return pos == len(ids)
 
-        await self._buffer.wait_until(all_ended)
+        def tripped() -> bool:
+            return self._breaker.trips > trips and self._breaker.open
+
+        await self._buffer.wait_until(lambda: all_ended() or tripped())
+        if not all_ended():
+            self._withdraw_queued(set(ids), "not started: the failure breaker opened")
+            await self._buffer.wait_until(all_ended)
         results = self._take([self._buffer.pop(i) for i in ids])
+        if self._breaker.open and self._breaker.trips > trips:
+            self._raise_breaker("rollout_batch")
         return concat_padded_tensors([r.trajectory for r in results if r.status == "accepted"])
 
-    async def prepare_batch(self, dataloader: Iterable[Any], workflow: Any,
+    async def prepare_batch(self, dataloader: Iterable[Any] | DataStream, workflow: Any,
                             workflow_kwargs: dict[str, Any] | None = None,
                             should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1,
                             dynamic_bs: bool = False, timeout: float | None = None) -> TensorDict:
-        """The asynchronous path (AReaL ``prepare_batch``): keep up to
-        ``(eta + 1) * B`` episodes enqueued or running ahead of training, and return
-        once ``B`` accepted results are ready (with ``dynamic_bs``, once ``B`` have
-        ended, returning the accepted among them).  Results are taken oldest first;
-        the dataloader is cycled across calls (epochs).
+        """The asynchronous path (AReaL ``prepare_batch``): return once ``B``
+        (``consumer_batch_size``) accepted results are ready (with ``dynamic_bs``,
+        once ``B`` have ended, returning the accepted among them), oldest first.
+
+        Run-ahead is kept on every call and *between* calls: the engine keeps
+        ``(eta + 1) * B`` episodes of this dataloader queued or running (AReaL),
+        refilling as each episode ends and right after a batch is taken, so
+        generation overlaps the trainer's step whenever the staleness bound
+        (``max_head_offpolicyness`` = eta) allows.  Accepted results waiting plus
+        episodes in flight stay at most ``(eta + 2) * B`` (with ``eta=None``:
+        ``max(B, C) + B``).  Refills use the episode spec of the latest call.
+
+        The data position is a :class:`~engine.datastream.DataStream`
+        (``engine.data_stream``): the engine streams from one dataloader, holding a
+        reference to it.  Pass the *same* object every call (or a ``DataStream``
+        you built, e.g. to restore a position); a different object raises unless
+        the previous one is exhausted or :meth:`reset_data_stream` was called.  A
+        re-iterable dataloader is cycled in epochs; a one-pass one (a generator)
+        is read once: when it runs out, the call returns what is left (a partial
+        batch) and the next call raises :class:`~engine.errors.DataExhaustedError`.
 
         Returns:
             The padded batch of the accepted trajectories (``B`` episodes, times
             their group sizes, rows).
 
         Raises:
-            TimeoutError: ``timeout`` seconds passed; nothing is consumed.
-            ValueError: the dataloader yields no items.
+            TimeoutError: ``timeout`` seconds passed; nothing is consumed; the
+                message says why (paused, staleness bound, failures).
+            EpisodeFailuresError: recent episodes all failed (the failure breaker
+                opened, see :class:`EngineConfig`); names the dominant reason with
+                one example.  The next call submits again.
+            DataExhaustedError: the one-pass dataloader had no more items and all
+                its episodes were returned.
+            DatasetError: the dataloader yields no items, is a torch ``DataLoader``
+                with the default collate, or is a different object than the one
+                the engine streams from.
         """
+        if self._closed:
+            raise trio.ClosedResourceError("the rollout engine is closed")
         B = self.config.consumer_batch_size
-        eta = self.config.max_head_offpolicyness
-        ahead = (eta + 1) * B if eta is not None else max(B, self.config.max_concurrent_rollouts)
-        wf = self._resolve(workflow, workflow_kwargs)
-        items = self._data_iters.setdefault(id(dataloader), _cycle(dataloader))
+        if self._breaker.open and self._breaker.reported:  # called again after the error: submit again
+            self._breaker.reset()
+        feeder = self._feeder_for(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
 
         def ready() -> bool:
             return (len(self._buffer) if dynamic_bs else self._buffer.accepted_results) >= B
 
+        def drained() -> bool:  # a one-pass dataloader ran out and all its episodes ended
+            return feeder.stream.exhausted and not feeder.inflight
+
+        def stop_waiting() -> bool:
+            return ready() or self._breaker.open or feeder.error is not None or drained()
+
+        self._refill()
         with trio.move_on_after(math.inf if timeout is None else timeout):
-            while not ready():
-                while self._counts["queued"] + self._counts["running"] < ahead:
-                    self.submit(next(items), wf, should_accept_fn=should_accept_fn, group_size=group_size)
-                await self._buffer.wait_until(lambda: ready() or self._counts["queued"] + self._counts["running"] < ahead)
+            await self._buffer.wait_until(stop_waiting)
+        self._raise_feeder_error(feeder)
         if not ready():
-            raise TimeoutError(f"prepare_batch: fewer than {B} results within {timeout} s")
+            if self._breaker.open:
+                self._raise_breaker("prepare_batch")
+            if drained():
+                if not len(self._buffer) or (not dynamic_bs and not self._buffer.accepted_results):
+                    raise DataExhaustedError(
+                        f"prepare_batch: the one-pass dataloader is exhausted after {feeder.stream.items_taken} "
+                        "items and every episode it fed has been returned")
+                taken = self._take([self._buffer.pop_oldest() for _ in range(len(self._buffer))])
+                return concat_padded_tensors([r.trajectory for r in taken if r.status == "accepted"])
+            raise TimeoutError(f"prepare_batch: fewer than {B} {'ended' if dynamic_bs else 'accepted'} results "
+                               f"within {timeout} s{self._why_waiting()}{self._breaker.recent_failures()}")
         taken: list[EpisodeResult] = []
         accepted = 0
         while (len(taken) < B) if dynamic_bs else (accepted < B):
             taken.append(self._buffer.pop_oldest())
             accepted += taken[-1].status == "accepted"
         self._take(taken)
+        self._refill()  # top the pipeline back up at once: the next batch generates while the trainer trains
         return concat_padded_tensors([r.trajectory for r in taken if r.status == "accepted"])
+
+    @property
+    def data_stream(self) -> DataStream | None:
+        """The :class:`~engine.datastream.DataStream` that ``prepare_batch`` reads, or ``None``."""
+        return self._feeder.stream if self._feeder is not None else None
+
+    def reset_data_stream(self) -> None:
+        """Forget ``prepare_batch``'s dataloader, so the next call may pass another one.
+        Episodes already submitted from the old one still run and are returned."""
+        self._feeder = None
+
+    def _feeder_for(self, dataloader: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None,
+                    should_accept_fn: Callable[..., Any] | None, group_size: int) -> _Feeder:
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        feeder = self._feeder
+        if feeder is not None and dataloader is not feeder.stream and dataloader is not feeder.stream.source:
+            if not (feeder.stream.exhausted and not feeder.inflight):
+                raise DatasetError(
+                    f"prepare_batch: dataloader is a different object ({type(dataloader).__name__}) than the one "
+                    f"this engine streams from ({feeder.stream!r}); pass the same object every call (a new list "
+                    "per call would restart at item 0), call engine.reset_data_stream() to switch, or use "
+                    "rollout_batch(items) for a fixed set of items")
+            feeder = None
+        wf = self._resolve(workflow, workflow_kwargs)
+        if feeder is None:
+            stream = dataloader if isinstance(dataloader, DataStream) else DataStream(dataloader)
+            B, eta = self.config.consumer_batch_size, self.config.max_head_offpolicyness
+            ahead = (eta + 1) * B if eta is not None else max(B, self.config.max_concurrent_rollouts)
+            feeder = self._feeder = _Feeder(stream, wf, should_accept_fn, group_size, ahead, ahead + B)
+        feeder.workflow, feeder.should_accept_fn, feeder.group_size = wf, should_accept_fn, group_size
+        return feeder
+
+    def _refill(self) -> None:
+        """Submit from ``prepare_batch``'s dataloader while its pipeline has room (sync:
+        called after a batch is taken and as each episode ends)."""
+        feeder = self._feeder
+        if feeder is None or self._closed or self._breaker.open or feeder.error is not None:
+            return
+        while (len(feeder.inflight) < feeder.ahead
+               and len(feeder.inflight) + self._buffer.accepted_results < feeder.limit):
+            try:
+                ok, item = feeder.stream.take()
+            except Exception as exc:  # the user's dataloader raised: prepare_batch re-raises it
+                feeder.error = exc
+                self._buffer.wake_consumers()
+                return
+            if not ok:
+                self._buffer.wake_consumers()  # a waiting prepare_batch may be drained now
+                return
+            feeder.inflight.add(self.submit(item, feeder.workflow, should_accept_fn=feeder.should_accept_fn,
+                                            group_size=feeder.group_size))
+        self._admit_now()
+
+    def _raise_feeder_error(self, feeder: _Feeder) -> None:
+        if feeder.error is not None:
+            exc, feeder.error = feeder.error, None
+            raise exc
+
+    def _raise_breaker(self, where: str) -> None:
+        trip = self._breaker.trip
+        self._breaker.reported = True  # stays open: nothing is submitted until the caller calls again
+        raise EpisodeFailuresError(
+            f"{where}: stopped submitting: {trip.describe()}; fix the cause and call {where} again", trip)
 
     def statistics(self) -> EngineStatistics:
         """A frozen snapshot; sync and cheap."""
@@ -779,7 +943,22 @@ class RolloutEngine:
             paused=self.paused, generated_tokens=self._generated_tokens,
             segments_resumed=self._segments_resumed, reward_fallbacks=self._reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
+            breaker_open=self._breaker.open, breaker_trips=self._breaker.trips,
+            data_position=self._feeder.stream.state_dict() if self._feeder is not None else None,
         )
+
+    def _withdraw_queued(self, task_ids: set[int], why: str) -> None:
+        """End the queued (not yet started) episodes among ``task_ids`` as failed (``"cancelled"``)."""
+        keep: collections.deque[_Task] = collections.deque()
+        withdrawn = []
+        for task in self._queue:
+            (withdrawn if task.task_id in task_ids else keep).append(task)
+        self._queue = keep
+        for task in withdrawn:
+            result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+                                   error_message=why, data=task.data)
+            self._buffer._put_now(result, 0)
+            self._ended(result, was_running=False)
 
     def _close(self) -> None:
         """Mark closed; episodes never admitted end as failed (``"cancelled"``)."""

@@ -239,7 +239,7 @@ _IGNORED_KEYS = {"model", "log_metrics", "no_logs", "background", "priority", "r
 #: other fields are accepted only at a falsy value (a feature rollout serve does not have)
 _GENERATE_KEYS = {
     "input_ids", "text", "sampling_params", "rid", "return_logprob", "stream", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs",
+    "top_logprobs_num", "return_text_in_logprobs", "image_data",
 }
 
 
@@ -326,7 +326,7 @@ class SGLangServer:
             raise RequestRejected(400, "rollout serve does not stream; send stream: false")
         if body.get("top_logprobs_num"):
             raise RequestRejected(400, "rollout serve does not return top logprobs (top_logprobs_num)")
-        tokenizer, config = self.backend.tokenizer, self.backend.model.config
+        tokenizer, config = self.backend.tokenizer, self.backend.model.config.get_text_config()
         ids = body.get("input_ids")
         if ids is None:
             text = body.get("text")
@@ -377,7 +377,13 @@ class SGLangServer:
         rid = body.get("rid") or uuid.uuid4().hex
         if not isinstance(rid, str):
             raise RequestRejected(400, "rid must be a string (batches are not supported)")
-        return ModelRequest(rid=rid, input_ids=ids, gconfig=gconfig), budget, bool(body.get("return_logprob", False))
+        images = body.get("image_data") or None  # base64 image files; the hf backend reads them (or refuses)
+        if isinstance(images, str):
+            images = [images]
+        if images is not None and (not isinstance(images, list) or not all(isinstance(x, str) for x in images)):
+            raise RequestRejected(400, "image_data must be a base64 string or a list of them (no batches)")
+        request = ModelRequest(rid=rid, input_ids=ids, gconfig=gconfig, image_data=images)
+        return request, budget, bool(body.get("return_logprob", False))
 
     async def _generate(self, request: HTTPRequest) -> Any:
         self._require_ready()

@@ -19,6 +19,9 @@ Routes (SGLang wire format, ``SERVERS_AND_MODELS.md`` §1):
   (``[logprob, token_id, null]``, processed semantics like the ``hf`` backend).  No streaming,
   no batches.  A client that disconnects aborts its request.  Other ``GenerateReqInput``
   fields are accepted at their neutral (falsy) value, since an sglang-router re-sends them all.
+  ``image_data`` (a base64 image file or a list of them, as SGLang takes) reaches the ``hf``
+  backend, which reads it with the model folder's processor (an image-text-to-text model;
+  a text-only model answers 400 naming ``image_data``).
 - ``POST /abort_request`` ``{"rid"}`` (exact or prefix match) or ``{"abort_all": true}``:
   the request answers at once with ``finish_reason`` ``abort`` and **no tokens** (the ``hf``
   backend does not hand back a withdrawn row's partial output; SGLang's "abort before

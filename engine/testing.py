@@ -194,14 +194,19 @@ def build_tiny_vlm_processor():
     :data:`TINY_VLM_IMAGE_TOKENS` image tokens). Its chat template (also the tokenizer's)
     renders list content: image parts as ``<image>``, text parts as their text.
     """
-    from transformers import CLIPImageProcessor, LlavaProcessor
+    from transformers import LlavaProcessor
+
+    try:  # the PIL backend by name: CLIPImageProcessor would warn that torchvision is missing, then use it
+        from transformers import CLIPImageProcessorPil as ImageProcessor
+    except ImportError:  # transformers without per-backend image processor classes
+        from transformers import CLIPImageProcessor as ImageProcessor
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<eos>", "<|im_start|>", TINY_IMAGE_TOKEN]})
     if tokenizer.convert_tokens_to_ids(TINY_IMAGE_TOKEN) != TINY_IMAGE_TOKEN_ID:
         raise RuntimeError(f"the tiny tokenizer gave {TINY_IMAGE_TOKEN} an unexpected id")
     tokenizer.chat_template = _VLM_CHAT_TEMPLATE
-    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    image_processor = ImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     # "full" keeps the CLS feature, so each image has one feature more than it has patches
     return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
                           vision_feature_select_strategy="full", image_token=TINY_IMAGE_TOKEN,

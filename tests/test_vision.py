@@ -13,7 +13,7 @@ import torch
 import trio
 from tensordict import TensorDict
 
-from engine import InvalidRequestError, ModelRequest, open_rollout_engine
+from engine import BackendError, InvalidRequestError, ModelRequest, open_rollout_engine
 from engine.backends.base import MockBackend
 from engine.backends.hf import HFBackend
 from engine.backends.remote import make_remote_backend
@@ -381,3 +381,41 @@ def test_cli_vision_rlvr_needs_an_image_model(tmp_path, capsys):
                  "--backend", "sim", "--out", str(tmp_path / "out"), "--quiet"])
     _, err = capsys.readouterr()
     assert code == 2 and "vision_rlvr" in err and "no image processor" in err, err
+
+
+@pytest.mark.slow
+async def test_rollout_serve_passes_image_data_to_the_model(vlm_dir, processor, vlm, reward_pool):
+    """The SGLang client -> ``rollout serve``'s app (in-process, over httpx's MockTransport) ->
+    the hf backend, which reads the images with the folder's own processor."""
+    import httpx
+
+    from engine.serve import HTTPRequest, RequestRejected, SGLangServer, json_response
+
+    server = SGLangServer(HFBackend(vlm_dir), model_path=vlm_dir)
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        try:
+            resp = await server.handle(HTTPRequest(request.method, request.url.path, {}, dict(request.headers),
+                                                   request.content))
+        except RequestRejected as exc:  # what serve_http answers
+            resp = json_response({"error": {"message": exc.message}}, exc.status)
+        return httpx.Response(resp.status, content=resp.body, headers={"content-type": resp.content_type})
+
+    item = load_dataset("builtin:shapes:1")[0]
+    g = GenerationHyperparameters(max_new_tokens=6, greedy=True, ignore_eos=True)
+    workflow = VisionRLVRWorkflow(zero_reward, g, None, processor)
+    backend = make_remote_backend("sglang", [A], transport=httpx.MockTransport(handler), seed=0)
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+                traj = await workflow.arun_episode(engine, item)
+                with pytest.raises(BackendError, match=r"HTTP 400.*image_data\[0\] is not a base64 image"):
+                    await engine.agenerate(ModelRequest(input_ids=[3, 10], image_data=["bm90IGFuIGltYWdl"]))
+            nursery.cancel_scope.cancel()
+    ids = traj["input_ids"][0].tolist()
+    gen = traj["loss_mask"][0].bool()
+    prompt, output = [t for t, m in zip(ids, gen) if not m], [t for t, m in zip(ids, gen) if m]
+    assert len(output) == 6 and TINY_IMAGE_TOKEN_ID not in output
+    ref = _teacher_forced(vlm, prompt, output, traj["pixel_values"][0])
+    assert (ref - traj["logprobs"][0][gen]).abs().max() < 1e-4

@@ -34,8 +34,9 @@ No new batch starts while an update is in progress.
 Images: a model with a ``vision_config`` (an image-text-to-text model such as Llava or
 Qwen2-VL) is loaded with ``AutoModelForImageTextToText``, and its processor with
 ``AutoProcessor``.  A request's ``image_data`` (base64 image files, AReaL's field) is
-decoded with PIL in the generate thread and turned into the model's image inputs by the
-request's ``processor`` (else the backend's): ``processor.image_processor(images)``,
+decoded with PIL in the generate thread (:mod:`._hf_images`) and turned into the model's
+image inputs by the request's ``processor`` (else the backend's):
+``processor.image_processor(images)``,
 whose outputs (``pixel_values``, ``image_grid_thw``, ...) of every image request of a
 batch are concatenated in row order and passed to ``generate``; the prompt ids must
 already hold the expanded image tokens (what the processor's text side produces, e.g.
@@ -393,57 +394,14 @@ class HFBackend(InferenceBackend):
         image_kwargs: dict[str, Any] = {}
         errors: dict[int, InvalidRequestError] = {}
         if any(job.request.image_data for job in group):
-            image_kwargs, errors = self._image_inputs(group)
+            from ._hf_images import image_inputs
+
+            image_kwargs, errors = image_inputs([job.request for job in group], self.processor,
+                                                device=self.device, dtype=self.model.dtype)
         live = [job for i, job in enumerate(group) if i not in errors]
         rows, first_token = self._generate_rows(live, boundaries, image_kwargs) if live else ([], 0.0)
         produced = iter(rows)
         return [errors[i] if i in errors else next(produced) for i in range(len(group))], first_token
-
-    def _image_inputs(self, group: list[GenerationJob]) -> tuple[dict[str, Any], dict[int, InvalidRequestError]]:
-        """Decode every request's ``image_data`` and run its image processor; returns
-        the model's image kwargs (each processor output concatenated over requests, in
-        row order) and the requests whose images failed, by index."""
-        import base64
-        import binascii
-        import io
-
-        import torch
-        from PIL import Image, UnidentifiedImageError
-
-        parts: dict[str, list[Any]] = defaultdict(list)
-        errors: dict[int, InvalidRequestError] = {}
-        for i, job in enumerate(group):
-            req = job.request
-            if not req.image_data:
-                continue
-            processor = req.processor if req.processor is not None else self.processor
-            image_processor = getattr(processor, "image_processor", processor)
-            images = []
-            try:
-                for k, item in enumerate(req.image_data):
-                    try:
-                        raw = base64.b64decode(item.split(",", 1)[1] if item.startswith("data:") else item,
-                                               validate=True)
-                        image = Image.open(io.BytesIO(raw))
-                        image.load()
-                    except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
-                        raise InvalidRequestError(f"request {req.rid}: image_data[{k}] is not a base64 image "
-                                                  f"file ({exc})") from None
-                    images.append(image)
-                out = image_processor(images=images, return_tensors="pt")
-            except InvalidRequestError as exc:
-                errors[i] = exc
-                continue
-            except Exception as exc:  # the processor refused these images
-                errors[i] = InvalidRequestError(f"request {req.rid}: image_data: the image processor failed: {exc!r}")
-                continue
-            for key, value in out.items():
-                parts[key].append(torch.as_tensor(value))
-        kwargs = {}
-        for key, values in parts.items():
-            value = torch.cat(values, dim=0).to(self.device)
-            kwargs[key] = value.to(self.model.dtype) if value.is_floating_point() else value
-        return kwargs, errors
 
     def _generate_rows(
         self, group: list[GenerationJob], boundaries: list[tuple[int, int]], image_kwargs: dict[str, Any]

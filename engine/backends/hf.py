@@ -30,6 +30,18 @@ Weight updates (:meth:`HFBackend.update_weights`), two modes:
   in-place pause does).
 
 No new batch starts while an update is in progress.
+
+Images: a model with a ``vision_config`` (an image-text-to-text model such as Llava or
+Qwen2-VL) is loaded with ``AutoModelForImageTextToText``, and its processor with
+``AutoProcessor``.  A request's ``image_data`` (base64 image files, AReaL's field) is
+decoded with PIL in the generate thread (:mod:`._hf_images`) and turned into the model's
+image inputs by the request's ``processor`` (else the backend's):
+``processor.image_processor(images)``,
+whose outputs (``pixel_values``, ``image_grid_thw``, ...) of every image request of a
+batch are concatenated in row order and passed to ``generate``; the prompt ids must
+already hold the expanded image tokens (what the processor's text side produces, e.g.
+:class:`workflows.vision_rlvr.VisionRLVRWorkflow`).  Text-only and image requests share
+batches.
 """
 
 from __future__ import annotations
@@ -92,7 +104,9 @@ class HFBackend(InferenceBackend):
 
     Raises (from ``run`` start-up): whatever transformers raises when the model
     cannot be loaded.  Per request: :class:`InvalidRequestError` for an
-    unsupported parameter (``frequency_penalty``, ``image_data``).
+    unsupported parameter (``frequency_penalty``; ``image_data`` on a text-only
+    model or in continuous mode; an ``image_data`` entry that is not a base64
+    image, or no processor to read it with).
     """
 
     logprob_semantics = "processed"
@@ -139,11 +153,13 @@ class HFBackend(InferenceBackend):
         self.update_requested = threading.Event()  # set while an update waits for the batch
         self._group_changed = trio.lowlevel.ParkingLot()
         self._token: trio.lowlevel.TrioToken | None = None
+        self.accepts_images = False  # set at load: the model has a vision tower
+        self.processor: Any = None  # the model folder's AutoProcessor (image models only)
 
     # -- loading -------------------------------------------------------------
     def _load(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self._dtype == "auto":
@@ -151,7 +167,18 @@ class HFBackend(InferenceBackend):
         else:
             dtype = getattr(torch, self._dtype)
         if self.model is None:
-            self.model = AutoModelForCausalLM.from_pretrained(self._model_spec, dtype=dtype)
+            from transformers import AutoConfig
+
+            is_vlm = getattr(AutoConfig.from_pretrained(self._model_spec), "vision_config", None) is not None
+            self.model = _auto_model_class(is_vlm).from_pretrained(self._model_spec, dtype=dtype)
+        self.accepts_images = getattr(self.model.config, "vision_config", None) is not None
+        if self.accepts_images and isinstance(self._model_spec, str):
+            from transformers import AutoProcessor
+
+            try:
+                self.processor = AutoProcessor.from_pretrained(self._model_spec)
+            except (OSError, ValueError) as exc:  # requests may still bring their own processor
+                logger.warning("hf backend: no processor in %s (%s)", self._model_spec, exc)
         self.model.to(device=device, dtype=dtype).eval()
         # Stops are ours (per request, ``ignore_eos`` honoured): without this,
         # ``generate`` falls back to the model's default eos and ends rows early.
@@ -159,7 +186,7 @@ class HFBackend(InferenceBackend):
         if self.tokenizer is None:
             self.tokenizer = AutoTokenizer.from_pretrained(self._model_spec)
         self.device = device
-        self.vocab_size = int(self.model.config.vocab_size)
+        self.vocab_size = int(self.model.config.get_text_config().vocab_size)
 
     # -- actor ---------------------------------------------------------------
     async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -216,12 +243,18 @@ class HFBackend(InferenceBackend):
                     self._waiting -= len(group)
                     await self._run_group(group)
 
-    @staticmethod
-    def _unsupported(req: ModelRequest) -> str | None:
+    def _unsupported(self, req: ModelRequest) -> str | None:
         if req.gconfig.frequency_penalty:
             return "the hf backend does not support gconfig.frequency_penalty"
-        if req.image_data:
-            return "the hf backend does not support image_data"
+        if req.image_data is not None:
+            if not self.accepts_images:
+                return (f"image_data: the model {type(self.model).__name__} is text-only (no vision_config); "
+                        "image requests need an image-text-to-text model")
+            if not isinstance(req.image_data, list) or not all(isinstance(x, str) for x in req.image_data):
+                return "image_data must be a list of base64 strings"
+            if req.processor is None and self.processor is None:
+                return ("image_data: no processor to read the images with: set ModelRequest.processor, or load "
+                        "the model from a folder that has one")
         return None
 
     async def _run_group(self, group: list[GenerationJob]) -> None:
@@ -245,9 +278,13 @@ class HFBackend(InferenceBackend):
             self._group_changed.unpark_all()
         rows, first_token_s = result
         end = trio.current_time()
-        for job, (tokens, logprobs, reason) in zip(group, rows):
+        for job, row in zip(group, rows):
             if job.withdrawn:
                 continue
+            if isinstance(row, BaseException):  # this request's images could not be read
+                job.reply(outcome.Error(row))
+                continue
+            tokens, logprobs, reason = row
             self._stats["requests_served"] += 1
             self._stats["tokens_generated"] += len(tokens)
             self._stats["aborts"] += reason == "abort"
@@ -318,9 +355,8 @@ class HFBackend(InferenceBackend):
 
     def _read_state(self, source: Any) -> dict[str, Any]:
         if isinstance(source, (str, Path)):
-            from transformers import AutoModelForCausalLM
-
-            return AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype).state_dict()
+            model_class = _auto_model_class(self.accepts_images)
+            return model_class.from_pretrained(str(source), dtype=self.model.dtype).state_dict()
         return dict(source)
 
     def _load_state(self, state: dict[str, Any]) -> None:
@@ -352,6 +388,23 @@ class HFBackend(InferenceBackend):
 
     def _generate(
         self, group: list[GenerationJob], boundaries: list[tuple[int, int]]
+    ) -> tuple[list[tuple[list[int], list[float], str] | InvalidRequestError], float]:
+        """Generate for ``group``; a request whose images cannot be read gets its
+        :class:`InvalidRequestError` in place of its row, the others still run."""
+        image_kwargs: dict[str, Any] = {}
+        errors: dict[int, InvalidRequestError] = {}
+        if any(job.request.image_data for job in group):
+            from ._hf_images import image_inputs
+
+            image_kwargs, errors = image_inputs([job.request for job in group], self.processor,
+                                                device=self.device, dtype=self.model.dtype)
+        live = [job for i, job in enumerate(group) if i not in errors]
+        rows, first_token = self._generate_rows(live, boundaries, image_kwargs) if live else ([], 0.0)
+        produced = iter(rows)
+        return [errors[i] if i in errors else next(produced) for i in range(len(group))], first_token
+
+    def _generate_rows(
+        self, group: list[GenerationJob], boundaries: list[tuple[int, int]], image_kwargs: dict[str, Any]
     ) -> tuple[list[tuple[list[int], list[float], str]], float]:
         import time
 
@@ -449,6 +502,7 @@ class HFBackend(InferenceBackend):
                 generation_config=gen_cfg,
                 logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([_RowStop()]),
+                **image_kwargs,
             )
         logprobs = torch.stack(step_logprobs, dim=1).cpu().tolist()  # [B, steps]
         gen = sequences[:, width:].tolist()  # [B, steps]
@@ -488,3 +542,15 @@ class HFBackend(InferenceBackend):
             "requests_waiting": self._waiting,
             "batch_occupancy": batches / stats["batches"] if stats.get("batches") else 0.0,
         }
+
+
+def _auto_model_class(image_text_to_text: bool) -> Any:
+    """``AutoModelForImageTextToText`` for a model with a vision tower, else
+    ``AutoModelForCausalLM``."""
+    if image_text_to_text:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM

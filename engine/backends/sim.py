@@ -34,7 +34,9 @@ Token ids are slices of a seeded pool of 65536 ids uniform in
 ``[first_token_id, vocab_size)`` (or of ``SimBackend(token_pool=...)``), logprobs
 of a pool uniform in ``[-5, -0.01]``; a request that
 finishes before its budget ends with ``eos_token_id`` and stop reason
-``"stop"``, otherwise ``"length"``.
+``"stop"``, otherwise ``"length"``.  ``image_data`` is accepted and otherwise
+ignored: the image tokens are already in the prompt ids, so they cost prefill like
+any prompt token; ``statistics()["image_requests"]`` counts such requests.
 
 Determinism.  A request whose ``gconfig.seed`` is set gets the same output for
 the same prompt.  Otherwise, with ``draws_by_prompt=True`` the draws of the
@@ -477,6 +479,7 @@ class SimBackend(PerRequestBackend):
         self.errors_injected = 0
         self.aborts_injected = 0
         self.stragglers = 0
+        self.image_requests = 0  # requests that carried image_data (served like any other)
         self.in_progress = 0  # requests being served now (prefill, decode or queued at the server)
         self.peak_in_progress = 0
         # One event clock for every request, even when they do not interact: waking
@@ -591,6 +594,7 @@ class SimBackend(PerRequestBackend):
                 scope.deadline = t
 
     async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        self.image_requests += bool(request.image_data)  # images cost nothing here: their tokens are in the prompt
         self.in_progress += 1
         self.peak_in_progress = max(self.peak_in_progress, self.in_progress)
         try:
@@ -641,6 +645,7 @@ class SimBackend(PerRequestBackend):
     def statistics(self) -> dict[str, Any]:
         stats = super().statistics()
         stats.update(errors_injected=self.errors_injected, aborts_injected=self.aborts_injected,
+                     image_requests=self.image_requests,
                      stragglers=self.stragglers, peak_requests_in_progress=self.peak_in_progress)
         stats.update(sequences_running=self._model.occupied, sequences_queued=self._model.queued,
                      sequences_decoding=self._model.decoding, peak_running_seqs=self._model.peak_occupied)

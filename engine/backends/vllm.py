@@ -21,14 +21,20 @@ per-choice id; needs ``VLLM_SERVER_DEV_MODE=1``, else 404 and the dropped connec
 A client disconnect aborts too.  Pause: ``POST /pause?mode=abort|wait|keep``, continue:
 ``POST /resume`` (dev mode).  Requests sent to a paused vLLM block, which is why the
 backend keeps its own client-side pause.
+
+Images: refused.  ``/v1/completions`` takes a token-id prompt and no image inputs; vLLM
+accepts images only through ``/v1/chat/completions``, which renders the prompt again from
+messages (AReaL's ``vision_msg_vllm`` path), so the ids trained on would not be the ids
+sampled from.  A request with ``image_data`` raises :class:`InvalidRequestError` before
+anything is sent; use the ``sglang`` or ``hf`` backend for vision workflows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import BackendError
-from ..types import ModelRequest
+from ..errors import BackendError, InvalidRequestError
+from ..types import ModelRequest, ModelResponse
 from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, sampling_top_k
 
 __all__ = ["VLLMBackend", "vllm_abort_id"]
@@ -78,6 +84,19 @@ class VLLMBackend(RemoteBackend):
             self.model = str(answer["data"][0]["id"])
         except (TypeError, KeyError, IndexError):
             raise BackendError(f"{server.url}/v1/models: no model id in {answer!r}") from None
+
+    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        """See :meth:`RemoteBackend.generate`.
+
+        Raises:
+            InvalidRequestError: the request carries ``image_data`` (see the module docstring).
+        """
+        if request.image_data is not None:
+            raise InvalidRequestError(
+                f"request {request.rid}: image_data is not supported by the vllm backend: /v1/completions takes "
+                "token ids and no images (vLLM takes images only on /v1/chat/completions, which re-renders the "
+                "prompt, so it would not be token-exact); use the sglang or hf backend for image requests")
+        return await super().generate(request, budget)
 
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
         g = request.gconfig

@@ -189,7 +189,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     from .data import concat_padded_tensors
     from .datasets import load_dataset
-    from .executor import EngineConfig, open_rollout_engine
+    from .executor import open_rollout_engine
     from .types import GenerationHyperparameters
 
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
@@ -199,10 +199,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0)
     workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
-    config = EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
-                          consumer_batch_size=args.consumer_batch_size or 1,
-                          max_head_offpolicyness=args.max_head_offpolicyness,
-                          dump_dir=str(args.dump_dir) if args.dump_dir else None)
+    config = _engine_config(args)
     start = time.perf_counter()
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
         for item in items:
@@ -247,6 +244,16 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     }
     await trio.to_thread.run_sync(_write_outputs, args.out, batch, rows, summary)
     return summary
+
+
+def _engine_config(args: argparse.Namespace) -> Any:
+    """The engine settings of ``rollout run`` (a command owns its process: GC tuning on)."""
+    from .executor import EngineConfig
+
+    return EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
+                        consumer_batch_size=args.consumer_batch_size or 1,
+                        max_head_offpolicyness=args.max_head_offpolicyness,
+                        dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True)
 
 
 async def _collect(engine: Any, total: int, *, quiet: bool, step_every: int | None) -> list[Any]:

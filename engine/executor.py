@@ -99,10 +99,12 @@ class EngineConfig:
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
         reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
             reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
-        gc_tuning: while the engine is open, freeze the objects alive at open
-            (``gc.freeze``) and raise the young generation's threshold to 10000;
-            restored at close (:mod:`engine._gc`: process-wide, reference counted;
-            -20% CPU per episode measured).  Set False to leave the GC alone.
+        gc_tuning: opt-in (the GC is process-wide): while the engine is open,
+            freeze the objects alive at open (``gc.freeze``, only if the host froze
+            nothing) and raise the young generation's threshold to 10000; the
+            host's previous state is restored exactly at close (:mod:`engine._gc`;
+            -20% CPU per episode measured).  ``rollout run`` and the benchmarks
+            turn it on.
     """
 
     max_concurrent_rollouts: int = 256
@@ -120,7 +122,7 @@ class EngineConfig:
     reward_worker_type: str = "spawn"
     reward_batch_size: int = 1
     reward_max_batch_delay_s: float = 0.0
-    gc_tuning: bool = True
+    gc_tuning: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_rollouts", "consumer_batch_size"):

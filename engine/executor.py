@@ -32,6 +32,7 @@ import contextvars
 import inspect
 import logging
 import math
+import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -46,9 +47,12 @@ from .backends.base import GenerationJob, InferenceBackend, PerRequestBackend, v
 from .buffer import ResultBuffer
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
-from .errors import BackendError, failure_reason
+from .errors import BackendError, failure_reason, unwrap_single
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = [
     "EngineConfig",
@@ -811,13 +815,24 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
         tokenizer: used only to decode text in trajectory dumps.
 
     Raises:
-        Whatever the backend's start-up raises (e.g. the model cannot be loaded).
+        Whatever the backend's start-up raises (e.g. the model cannot be loaded),
+        as itself: an error raised while the engine starts, or by the body of the
+        ``async with`` block, is not wrapped in an ``ExceptionGroup`` (several
+        errors at once still are; :func:`engine.errors.unwrap_single`).
     """
     config = config or EngineConfig()
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
-    with gc_tuned(config.gc_tuning):
-        async with _open_engine(backend, config, reward_pool, dumper) as engine:
-            yield engine
+    try:
+        with gc_tuned(config.gc_tuning):
+            async with _open_engine(backend, config, reward_pool, dumper) as engine:
+                yield engine
+    except BaseExceptionGroup as group:
+        single = unwrap_single(group)
+        if single is group:
+            raise
+    else:
+        return
+    raise single  # outside the handler: its own __cause__/__context__ stay as they were
 
 
 @asynccontextmanager

@@ -129,14 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
     try:
+        _check_out(args.out)
         summary = trio.run(_run, args)
     except (RolloutError, ValueError, OSError) as exc:
-        print(f"rollout: error: {exc}", file=sys.stderr)
+        print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rollout: interrupted", file=sys.stderr)
         return 130
     out = args.out
+    if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
+        print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
+        return 1
     print(
         f"{summary['accepted']}/{summary['submitted']} episodes accepted, {summary['trajectories']} trajectories, "
         f"reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "
@@ -144,6 +148,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"wrote {out / 'trajectories'}/ , {out / 'rollouts.jsonl'} , {out / 'summary.json'}")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error message on one line (transformers' messages span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be the output folder, before any work."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a folder")
+    parent = next((p for p in (out, *out.parents) if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+
+
+def _nothing_accepted(summary: dict[str, Any]) -> str:
+    """One line on a run that accepted no episode: counts by reason, the first error."""
+    reasons = {**summary.get("failed_by_reason", {}), **summary.get("rejected_by_reason", {})}
+    why = ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items())) or "none ended"
+    first = next(iter(summary.get("failures") or []), None)
+    detail = f"; first: {first['error_type']}: {first['error_message']}" if first else ""
+    return _one_line(f"0 of {summary['submitted']} episodes accepted ({why}){detail}")
 
 
 def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -194,7 +221,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
-    items = load_dataset(args.dataset, args.limit)
+    items = load_dataset(args.dataset, args.limit, required=("answer",))  # the GSM8K reward's data key
     tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0)
@@ -202,6 +229,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     config = _engine_config(args)
     start = time.perf_counter()
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+        await engine.reward_pool.check_reward_fn(gsm8k_reward, items[0])  # before any episode
         for item in items:
             engine.submit(item, workflow, group_size=args.group_size)
         results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)

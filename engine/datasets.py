@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,18 @@ def to_item(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "messages": [{"role": "user", "content": row["question"] + PROMPT_SUFFIX}]}
 
 
-def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
+def load_dataset(spec: str, limit: int | None = None, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Load ``spec`` (``"builtin:arith"``, ``"builtin:arith:N"`` or a jsonl path) as
     workflow items, at most ``limit`` of them.
 
+    Args:
+        required: fields every row must have besides ``question`` (the reward's
+            data keys: ``("answer",)`` for the GSM8K reward).
+
     Raises:
-        DatasetError: the file is missing or empty, a line is not a JSON object,
-            or a row lacks a string ``question`` (names the file and line number).
+        DatasetError: the file is missing or empty, a line is not UTF-8 or not a
+            JSON object, a row lacks a string ``question`` or has an empty one, or
+            lacks a ``required`` field (names the file and line number).
     """
     if spec.startswith("builtin:") and not spec.startswith(BUILTIN_ARITH):
         raise DatasetError(f"unknown built-in dataset {spec!r}; the built-in one is 'builtin:arith[:N]'")
@@ -70,7 +76,7 @@ def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
             raise DatasetError(f"dataset {spec!r}: expected 'builtin:arith' or 'builtin:arith:N'") from None
         rows = builtin_arith(n)
     else:
-        rows = _read_jsonl(Path(spec), limit)
+        rows = _read_jsonl(Path(spec), limit, tuple(required))
     if limit is not None:
         rows = rows[:limit]
     if not rows:
@@ -78,14 +84,19 @@ def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
     return [to_item(r) for r in rows]
 
 
-def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, limit: int | None, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DatasetError(f"dataset file not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is reported with its number
+        for lineno, raw in enumerate(f, 1):
             if limit is not None and len(rows) >= limit:
                 break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start} "
+                                   "of the line)") from None
             if not line.strip():
                 continue
             try:
@@ -96,6 +107,11 @@ def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
                 raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             if not isinstance(row.get("question"), str):
                 raise DatasetError(f"{path}:{lineno}: row has no string field 'question'")
+            if not row["question"].strip():
+                raise DatasetError(f"{path}:{lineno}: field 'question' is empty")
+            for name in required:
+                if name not in row:
+                    raise DatasetError(f"{path}:{lineno}: row has no field {name!r} (the reward needs it)")
             if "answer" in row and not isinstance(row["answer"], (str, int, float)):
                 raise DatasetError(f"{path}:{lineno}: field 'answer' must be a string or number")
             rows.append(row)

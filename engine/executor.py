@@ -537,6 +537,9 @@ class RolloutEngine:
             elif not isinstance(out, TensorDict) or out.batch_dims != 1:
                 errors.append((i, TypeError(f"arun_episode returned {type(out).__name__}, expected a "
                                             "TensorDict with batch size [B] or None")))
+            elif out.batch_size[0] == 0:
+                errors.append((i, ValueError("arun_episode returned a TensorDict with 0 rows (batch size [0]); "
+                                             "return None to reject an episode")))
             else:
                 trajs.append(out)
         if errors:

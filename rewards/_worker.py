@@ -48,6 +48,7 @@ __all__ = [
     "ActorRef",
     "as_reward",
     "describe_value",
+    "load_job",
     "run_batch",
     "run_job",
 ]
@@ -165,6 +166,18 @@ def run_job(job: bytes, allow_setup: bool = True) -> tuple[str, Any]:
             reward_fn.setup()  # an exception here is the reward's exception
             _ACTORS[ref.key] = reward_fn
     return as_reward(reward_fn(*args, **kwargs))
+
+
+def load_job(job: bytes) -> tuple[str, Any]:
+    """Unpickle a job without running it (a start-up check): ``(OK, 0.0)`` or
+    ``(LOAD_FAILED, why)``.  An actor's own bytes are unpickled too, not set up."""
+    try:
+        reward_fn, _, _ = pickle.loads(job)
+        if isinstance(reward_fn, ActorRef):
+            pickle.loads(reward_fn.payload)
+    except Exception as exc:
+        return LOAD_FAILED, f"{type(exc).__name__}: {exc}"
+    return OK, 0.0
 
 
 def _portable(exc: Exception) -> Exception:

@@ -173,3 +173,31 @@ class LockInInitActor(LockInSetupActor):
 
 def length_reward(prompt, completions, prompt_ids, completion_ids, **data) -> float:
     return float(len(completions))
+
+
+def raise_key_error(prompt, completions, prompt_ids, completion_ids, *, log=None, **data):
+    """Read a data key that is not there (KeyError), logging the attempt."""
+    _log(log)
+    return float(data["answer"])
+
+
+def wrong_signature(prompt, completions, log=None):
+    """A reward written with the wrong signature (no prompt_ids/completion_ids/**data)."""
+    _log(log)
+    return 1.0
+
+
+def spawn_sleep_and_hang(prompt, completions, prompt_ids, completion_ids, *, marker: str, **data):
+    """Start ``sleep <marker>`` (a child process: a compiler, a test runner) and wait for it."""
+    import subprocess
+
+    subprocess.run(["sleep", marker], check=False)
+    return 1.0
+
+
+def spawn_sleep_in_background(prompt, completions, prompt_ids, completion_ids, *, marker: str, **data):
+    """Leave ``sleep <marker>`` running in the background and return at once."""
+    import subprocess
+
+    subprocess.Popen(["sleep", marker])
+    return 1.0

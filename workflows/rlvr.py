@@ -60,6 +60,8 @@ class RLVRWorkflow(RolloutWorkflow):
             -> float``; picklable (it runs in a worker process), or an ``async def``
             (runs in-process under the same timeout policy).
         gconfig: sampling parameters; stop/pad ids of ``tokenizer`` are merged in.
+            Validated here (:class:`~engine.errors.InvalidRequestError` naming the
+            field, e.g. ``n_samples must be >= 1``).
         tokenizer: a transformers tokenizer with a chat template, or a path to one.
         enable_thinking: passed to the chat template when not ``None``.
         get_input_ids_fn: ``(tokenizer, data, enable_thinking) -> list[int]``.
@@ -88,6 +90,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.reward_fn = reward_fn
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+        self.gconfig.validate()  # n_samples=0 etc.: refused here, before any episode runs
         self.enable_thinking = enable_thinking
         self.get_input_ids_fn = get_input_ids_fn
         self._sample_cfg = self.gconfig.new(n_samples=1)  # shared by every request (never mutated)

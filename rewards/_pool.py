@@ -9,7 +9,9 @@ a user exception re-raised after the last attempt (never turned into a reward).
 Where we differ (**ours**):
 
 * A timeout or a cancellation *kills* the worker process (trio-parallel's
-  ``kill_on_cancel``).  AReaL only stops waiting, so one hung verifier holds a
+  ``kill_on_cancel``) and every process the reward started: each worker leads
+  its own process group, killed as a whole when the worker dies or exits, or
+  when the engine process dies (:func:`rewards._worker.init_worker`).  AReaL only stops waiting, so one hung verifier holds a
   worker for the rest of the run (AReaL PR #1426, verl #6673).  Other calls keep
   flowing while one hangs.
 * A worker that dies (``os._exit``, segfault, OOM kill) affects only the call it
@@ -662,7 +664,7 @@ async def open_reward_pool(
         batch_size, max_batch_delay_s,
     )
     async with trio_parallel.open_worker_context(
-        worker_type=trio_parallel.WorkerType(worker_type)
+        worker_type=trio_parallel.WorkerType(worker_type), init=_worker.init_worker
     ) as context:
         pool = RewardPool(
             context=context,

@@ -187,17 +187,14 @@ def wrong_signature(prompt, completions, log=None):
     return 1.0
 
 
-def spawn_sleep_and_hang(prompt, completions, prompt_ids, completion_ids, *, marker: str, **data):
-    """Start ``sleep <marker>`` (a child process: a compiler, a test runner) and wait for it."""
+def spawn_sleep(prompt, completions, prompt_ids, completion_ids, *, fifo: str, hang: bool, **data):
+    """Start ``sleep 1000`` (a child process: a compiler, a test runner), write its pid into
+    the named pipe ``fifo``, then wait for it (``hang``) or return 1.0 leaving it running."""
     import subprocess
 
-    subprocess.run(["sleep", marker], check=False)
-    return 1.0
-
-
-def spawn_sleep_in_background(prompt, completions, prompt_ids, completion_ids, *, marker: str, **data):
-    """Leave ``sleep <marker>`` running in the background and return at once."""
-    import subprocess
-
-    subprocess.Popen(["sleep", marker])
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(fifo, "w") as f:
+        f.write(str(child.pid))
+    if hang:
+        child.wait()
     return 1.0

@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")
     run.add_argument("--concurrency", type=_positive_int, default=64, help="episodes in flight (default 64)")
     run.add_argument("--limit", type=_positive_int, default=None, help="use the first N rows of the dataset")
-    run.add_argument("--seed", type=int, default=0, help="seed for torch and the sim backend (default 0)")
+    run.add_argument("--seed", type=int, default=0,
+                     help="run seed: each request's sampling seed derives from it, the item and the sample, so "
+                          "a run repeats with the same seed (default 0)")
     run.add_argument("--out", type=Path, default=Path("rollout-out"), help="output folder (default ./rollout-out)")
     run.add_argument("--group-size", type=_positive_int, default=1,
                      help="episodes per prompt run concurrently as one group (default 1)")
@@ -224,7 +226,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     items = load_dataset(args.dataset, args.limit, required=("answer",))  # the GSM8K reward's data key
     tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
-                                        temperature=args.temperature, greedy=args.temperature == 0)
+                                        temperature=args.temperature, greedy=args.temperature == 0, seed=args.seed)
     workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
     config = _engine_config(args)
     start = time.perf_counter()

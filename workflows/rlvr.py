@@ -15,7 +15,8 @@ from typing import Any
 import trio
 
 from engine.data import concat_padded_tensors, trajectory_from_response
-from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse
+from engine.executor import episode_id, sample_index
+from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
 
 from .base import RolloutWorkflow
 
@@ -69,6 +70,11 @@ class RLVRWorkflow(RolloutWorkflow):
     ``data`` must hold ``"messages"`` (a chat); every key is passed to the reward
     function as a keyword argument (GSM8K rows carry ``answer``).
 
+    Seeds (ours): with ``gconfig.seed`` set (the run seed), each request gets its own
+    seed ``derive_seed(gconfig.seed, task_id, group sample, sample)``: the samples of a
+    prompt differ, and a run with the same seed (and the same task ids: ``submit(...,
+    task_id=i)``) repeats row for row on a backend that honours per-request seeds.
+
     Returns from :meth:`arun_episode`: a trajectory of batch ``[n_samples]`` with
     the fields of ``engine.data.TRAJECTORY_SCHEMA`` plus ``reward_is_fallback
     [n_samples] bool`` (the reward timed out on every attempt and is the pool's
@@ -100,11 +106,14 @@ class RLVRWorkflow(RolloutWorkflow):
         n = self.gconfig.n_samples
         sample_cfg = self._sample_cfg
         trajectories: list[Any] = [None] * n
+        run_seed = self.gconfig.seed
+        item, group_sample = episode_id.get(), sample_index.get()
 
         prompt_text: list[str] = []  # decoded once per episode, shared by its samples
 
         async def one_sample(i: int) -> None:
-            req = ModelRequest(input_ids=input_ids, gconfig=sample_cfg, tokenizer=self.tokenizer)
+            cfg = sample_cfg if run_seed is None else sample_cfg.new(seed=derive_seed(run_seed, item, group_sample, i))
+            req = ModelRequest(input_ids=input_ids, gconfig=cfg, tokenizer=self.tokenizer)
             resp = await engine.agenerate(req)
             if not prompt_text:
                 prompt_text.append(_decode(self.tokenizer, resp.input_tokens, False))

@@ -10,7 +10,7 @@ Generation is deterministic: ``n = min(budget, fake.length)`` tokens
 ``n == budget`` else ``stop``.  Each ``/generate`` call pops one step of ``fake.script``
 (default ``"ok"``):
 
-``"ok"``, ``"500"``, ``"503"``, ``"403"``, ``"malformed"`` (200 with a broken JSON body),
+``"ok"``, ``"500"``, ``"503"``, ``"400"``, ``"401"``, ``"403"``, ``"malformed"`` (200 with a broken JSON body),
 ``"mismatch"`` (one logprob fewer than tokens), ``"sentinel"`` (a -9999 logprob),
 ``"hang"`` (until ``fake.hold`` is set, or aborted by rid: then finish ``abort`` with
 ``fake.partial_on_abort`` tokens), ``"drop"`` (the connection is lost: MockTransport only),
@@ -117,7 +117,7 @@ class FakeSGLang(_Fake):
     async def _generate(self, body: dict[str, Any]) -> HTTPResponse:
         self.generate_calls.append(body)
         step = self.step()
-        if step in ("500", "503", "403"):
+        if step in ("500", "503", "400", "401", "403"):
             return json_response({"error": {"message": f"scripted {step}"}}, int(step))
         if step == "malformed":
             return HTTPResponse(200, b'{"text": "trunc')
@@ -184,7 +184,7 @@ class FakeVLLM(_Fake):
     async def _complete(self, body: dict[str, Any]) -> HTTPResponse:
         self.generate_calls.append(body)
         step = self.step()
-        if step in ("500", "503", "403"):
+        if step in ("500", "503", "400", "401", "403"):
             return json_response({"error": {"message": f"scripted {step}"}}, int(step))
         rid, ids, budget = body["request_id"], body["prompt"], body["max_tokens"]
         finished = await self._run(rid, step)

@@ -79,6 +79,13 @@ class VLLMBackend(RemoteBackend):
         except (TypeError, KeyError, IndexError):
             raise BackendError(f"{server.url}/v1/models: no model id in {answer!r}") from None
 
+    def model_info_call(self):
+        return "GET", "/v1/models"
+
+    def parse_model_name(self, answer: Any) -> str | None:
+        first = answer["data"][0]
+        return first.get("root") or first.get("id")
+
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
         g = request.gconfig
         payload: dict[str, Any] = {

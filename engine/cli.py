@@ -7,9 +7,19 @@ writes, into ``--out``:
   (``TensorDict.load(DIR/"trajectories")`` or ``load_memmap`` reads it);
 - ``rollouts.jsonl``: one line per trajectory (prompt, completion, reward,
   stop_reason, token counts);
-- ``summary.json``: accounting, reward mean, truncation rate, throughput.
+- ``summary.json`` (plain JSON): accounting, reward mean, truncation rate,
+  throughput, what was used (backend, model, tokenizer, servers and the model
+  each server reported, seed), ``startup_seconds`` (loading the model, waiting
+  for servers) apart from ``wall_seconds`` (the rollout itself).
 
-Bad input ends with one line ``rollout: error: ...`` on stderr and exit status 2.
+A remote run (``--backend sglang|vllm``) takes its tokenizer from ``--model`` or
+from the model the servers report, and refuses a mismatch at start-up
+(:mod:`engine._served`).  ``--seed`` is the run seed: every request's sampling
+seed derives from it, the item and the sample.
+
+Bad input ends with one line ``rollout: error: ...`` on stderr and exit status 2,
+before any work; a run that accepted no episode ends with one line and exit
+status 1 (its outputs are still written).
 """
 
 from __future__ import annotations
@@ -88,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "to the least loaded)")
     run.add_argument("--request-timeout", type=_positive_float, default=3600.0,
                      help="seconds a remote request may take in all, retries and failover included (default 3600)")
+    run.add_argument("--startup-timeout", type=_positive_float, default=300.0,
+                     help="seconds to wait for a remote server to answer its health route at start-up "
+                          "(default 300; a server refusing access fails at once)")
     run.add_argument("--n-samples", type=_positive_int, default=2, help="samples per prompt (default 2)")
     run.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new-token budget (default 128)")
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")
@@ -188,11 +201,6 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
-    if args.backend in ("sglang", "vllm"):
-        from .backends.remote import make_remote_backend
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-        return tokenizer, make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout)
     if args.backend == "hf":
         from .backends.hf import HFBackend
 
@@ -212,6 +220,19 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     return tokenizer, SimBackend(config)
 
 
+async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
+    if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
+        from ._served import open_remote_backend
+
+        return await open_remote_backend(args)
+    tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
+    model = args.model or ("builtin:smollm2" if args.backend == "hf" else None)
+    name = getattr(tokenizer, "name_or_path", None)
+    return tokenizer, backend, {"model": model, "tokenizer": str(name) if name else "builtin:tiny-tokenizer",
+                                "servers": []}
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from rewards import gsm8k_reward
     from workflows.rlvr import RLVRWorkflow
@@ -224,19 +245,20 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     items = load_dataset(args.dataset, args.limit, required=("answer",))  # the GSM8K reward's data key
-    tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
+    start = time.perf_counter()
+    tokenizer, backend, used = await _setup_backend(args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0, seed=args.seed)
     workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
     config = _engine_config(args)
-    start = time.perf_counter()
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+        opened = time.perf_counter()  # start-up (model load, waiting for servers) ends here
         await engine.reward_pool.check_reward_fn(gsm8k_reward, items[0])  # before any episode
         for item in items:
             engine.submit(item, workflow, group_size=args.group_size)
         results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)
         stats = engine.statistics()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - opened
     results.sort(key=lambda r: r.task_id)
     accepted = [r for r in results if r.status == "accepted"]
     batch = concat_padded_tensors([r.trajectory for r in accepted])
@@ -259,9 +281,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
         "generated_tokens": n_gen,
         "wall_seconds": wall,
+        "startup_seconds": opened - start,
         "generated_tokens_per_second": n_gen / wall if wall > 0 else 0.0,
         "backend": args.backend,
-        "model": args.model or ("builtin:smollm2" if args.backend == "hf" else "builtin:tiny-tokenizer"),
+        **used,  # model, tokenizer, servers (and for a remote run what each server reported)
+        "seed": args.seed,
         "dataset": args.dataset,
         "n_samples": args.n_samples,
         "group_size": args.group_size,
@@ -338,10 +362,16 @@ def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def _plain(obj: Any) -> Any:
+    """``obj`` as plain JSON values: dataclasses and dicts as objects, lists and
+    tuples as arrays, a non-finite float as null; anything else as its repr."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if obj is None or isinstance(obj, (int, float, str, bool)):
         return obj
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
     return repr(obj)

@@ -84,6 +84,7 @@ class FakeSGLang(_Fake):
     /continue_generation, /update_weights_from_disk, /health, /get_model_info."""
 
     weight_version = "0"
+    model_path = "fake"  # what /get_model_info reports
 
     async def handle(self, request: HTTPRequest) -> HTTPResponse:
         self.calls.append((request.method, request.path))
@@ -111,7 +112,7 @@ class FakeSGLang(_Fake):
             self.weight_version = body.get("weight_version", self.weight_version)
             return json_response({"success": True, "message": "ok", "num_paused_requests": 0})
         if request.path == "/get_model_info":
-            return json_response({"model_path": "fake", "weight_version": self.weight_version})
+            return json_response({"model_path": self.model_path, "weight_version": self.weight_version})
         return json_response({"detail": "Not Found"}, 404)
 
     async def _generate(self, body: dict[str, Any]) -> HTTPResponse:

@@ -485,6 +485,11 @@ class HFBackend(InferenceBackend):
             max_new_tokens=max(budgets),
             min_new_tokens=g.min_new_tokens or None,
             do_sample=False,
+            # neutral, explicit: unset values would be filled from the model's
+            # generation_config (e.g. top_k=20), and flagged as unused on every call
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
             repetition_penalty=1.0,
             eos_token_id=sorted(stop_ids) or None,
             pad_token_id=pad_id,

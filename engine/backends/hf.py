@@ -437,7 +437,7 @@ class HFBackend(InferenceBackend):
                 step = ids.shape[1] - width
                 probs = torch.softmax(scores.float(), dim=-1)  # [B, V]
                 cdf = probs.cumsum(dim=-1)  # [B, V]
-                u = uniforms[:, step].to(cdf.device) * cdf[:, -1]  # [B]
+                u = uniforms[:, step] * cdf[:, -1]  # [B]
                 pick = torch.searchsorted(cdf, u[:, None], right=True).clamp_max(cdf.shape[1] - 1)  # [B, 1]
                 zero = probs.gather(1, pick) <= 0  # rounding at the top end of the CDF
                 pick = torch.where(zero, probs.argmax(dim=-1, keepdim=True), pick)
@@ -479,7 +479,7 @@ class HFBackend(InferenceBackend):
                     job.request.gconfig.seed if job.request.gconfig.seed is not None
                     else int.from_bytes(os.urandom(8), "big") >> 1))
                 for job in group
-            ])
+            ]).to(self.device)
             processors.append(_Sample())
         gen_cfg = GenerationConfig(  # greedy over our one-token distribution when sampling
             max_new_tokens=max(budgets),

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import trio
 
-from engine import HFBackend, ModelRequest, open_rollout_engine
+from engine import EngineConfig, HFBackend, ModelRequest, open_rollout_engine
 from engine.models import resolve_model
 from engine.testing import build_tiny_model
 from engine.types import GenerationHyperparameters
@@ -68,7 +68,7 @@ async def engine_generate(model, tok, prompts, new_tokens, concurrent: bool, mod
     backend = HFBackend(model, tok, max_batch_size=len(prompts), batch_window_s=0.01, mode=mode)
     g = GenerationHyperparameters(max_new_tokens=new_tokens, ignore_eos=True)
     tokens = 0
-    async with open_rollout_engine(backend, reward_pool=_NoRewards()) as engine:
+    async with open_rollout_engine(backend, EngineConfig(gc_tuning=True), reward_pool=_NoRewards()) as engine:
         async def one(p):
             nonlocal tokens
             resp = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g))

@@ -31,6 +31,7 @@ __all__ = [
     "TRAJECTORY_SCHEMA",
     "WorkflowError",
     "concat_padded_tensors",
+    "derive_seed",
     "open_rollout_engine",
     "trajectory_from_response",
 ]
@@ -59,6 +60,7 @@ _LAZY = {
     "TRAJECTORY_SCHEMA": "engine.data",
     "WorkflowError": "engine.errors",
     "concat_padded_tensors": "engine.data",
+    "derive_seed": "engine.types",
     "open_rollout_engine": "engine.executor",
     "trajectory_from_response": "engine.data",
 }

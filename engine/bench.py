@@ -324,14 +324,14 @@ async def _drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
     async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.reward_batch_size) as pool:
         if cfg.warmup:  # a throw-away engine: starts the reward workers, warms caches
             async with open_rollout_engine(SimBackend(sim, token_pool=pool_ids),
-                                           EngineConfig(max_concurrent_rollouts=cfg.concurrency),
+                                           EngineConfig(max_concurrent_rollouts=cfg.concurrency, gc_tuning=True),
                                            reward_pool=pool) as engine:
                 for i in range(cfg.warmup):
                     engine.submit(bench_item(i, warmup=True, seed=cfg.seed), workflow)
                 await engine.wait_results(cfg.warmup)
         backend = SimBackend(sim, record=cfg.record, token_pool=pool_ids)
         config = EngineConfig(max_concurrent_rollouts=cfg.concurrency, consumer_batch_size=cfg.batch_size,
-                              max_head_offpolicyness=cfg.max_head_offpolicyness)
+                              max_head_offpolicyness=cfg.max_head_offpolicyness, gc_tuning=True)
         counts: dict[str, Any] = {"accepted": 0, "rejected": 0, "failed": 0}
         failed_by: dict[str, int] = {}
         stale: dict[int, int] = {}

@@ -7,9 +7,19 @@ writes, into ``--out``:
   (``TensorDict.load(DIR/"trajectories")`` or ``load_memmap`` reads it);
 - ``rollouts.jsonl``: one line per trajectory (prompt, completion, reward,
   stop_reason, token counts);
-- ``summary.json``: accounting, reward mean, truncation rate, throughput.
+- ``summary.json`` (plain JSON): accounting, reward mean, truncation rate,
+  throughput, what was used (backend, model, tokenizer, servers and the model
+  each server reported, seed), ``startup_seconds`` (loading the model, waiting
+  for servers) apart from ``wall_seconds`` (the rollout itself).
 
-Bad input ends with one line ``rollout: error: ...`` on stderr and exit status 2.
+A remote run (``--backend sglang|vllm``) takes its tokenizer from ``--model`` or
+from the model the servers report, and refuses a mismatch at start-up
+(:mod:`engine._served`).  ``--seed`` is the run seed: every request's sampling
+seed derives from it, the item and the sample.
+
+Bad input ends with one line ``rollout: error: ...`` on stderr and exit status 2,
+before any work; a run that accepted no episode ends with one line and exit
+status 1 (its outputs are still written).
 """
 
 from __future__ import annotations
@@ -93,12 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "to the least loaded)")
     run.add_argument("--request-timeout", type=_positive_float, default=3600.0,
                      help="seconds a remote request may take in all, retries and failover included (default 3600)")
+    run.add_argument("--startup-timeout", type=_positive_float, default=300.0,
+                     help="seconds to wait for a remote server to answer its health route at start-up "
+                          "(default 300; a server refusing access fails at once)")
     run.add_argument("--n-samples", type=_positive_int, default=2, help="samples per prompt (default 2)")
     run.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new-token budget (default 128)")
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")
     run.add_argument("--concurrency", type=_positive_int, default=64, help="episodes in flight (default 64)")
     run.add_argument("--limit", type=_positive_int, default=None, help="use the first N rows of the dataset")
-    run.add_argument("--seed", type=int, default=0, help="seed for torch and the sim backend (default 0)")
+    run.add_argument("--seed", type=int, default=0,
+                     help="run seed: each request's sampling seed derives from it, the item and the sample, so "
+                          "a run repeats with the same seed (default 0)")
     run.add_argument("--out", type=Path, default=Path("rollout-out"), help="output folder (default ./rollout-out)")
     run.add_argument("--group-size", type=_positive_int, default=1,
                      help="episodes per prompt run concurrently as one group (default 1)")
@@ -134,14 +149,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
     try:
+        _check_out(args.out)
         summary = trio.run(_run, args)
     except (RolloutError, ValueError, OSError) as exc:
-        print(f"rollout: error: {exc}", file=sys.stderr)
+        print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rollout: interrupted", file=sys.stderr)
         return 130
     out = args.out
+    if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
+        print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
+        return 1
     print(
         f"{summary['accepted']}/{summary['submitted']} episodes accepted, {summary['trajectories']} trajectories, "
         f"reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "
@@ -149,6 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"wrote {out / 'trajectories'}/ , {out / 'rollouts.jsonl'} , {out / 'summary.json'}")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error message on one line (transformers' messages span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be the output folder, before any work."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a folder")
+    parent = next((p for p in (out, *out.parents) if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+
+
+def _nothing_accepted(summary: dict[str, Any]) -> str:
+    """One line on a run that accepted no episode: counts by reason, the first error."""
+    reasons = {**summary.get("failed_by_reason", {}), **summary.get("rejected_by_reason", {})}
+    why = ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items())) or "none ended"
+    first = next(iter(summary.get("failures") or []), None)
+    detail = f"; first: {first['error_type']}: {first['error_message']}" if first else ""
+    return _one_line(f"0 of {summary['submitted']} episodes accepted ({why}){detail}")
 
 
 def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -164,11 +206,6 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
-    if args.backend in ("sglang", "vllm"):
-        from .backends.remote import make_remote_backend
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-        return tokenizer, make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout)
     if args.backend == "hf":
         from .backends.hf import HFBackend
 
@@ -188,38 +225,50 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     return tokenizer, SimBackend(config)
 
 
+async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
+    if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
+        from ._served import open_remote_backend
+
+        return await open_remote_backend(args)
+    tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
+    model = args.model or ("builtin:smollm2" if args.backend == "hf" else None)
+    name = getattr(tokenizer, "name_or_path", None)
+    return tokenizer, backend, {"model": model, "tokenizer": str(name) if name else "builtin:tiny-tokenizer",
+                                "servers": []}
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from rewards import gsm8k_reward
     from workflows.rlvr import RLVRWorkflow
 
     from .data import concat_padded_tensors
     from .datasets import load_dataset
-    from .executor import EngineConfig, open_rollout_engine
+    from .executor import open_rollout_engine
     from .types import GenerationHyperparameters
 
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
-    items = load_dataset(args.dataset, args.limit)
-    tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
+    items = load_dataset(args.dataset, args.limit, required=("answer",))  # the GSM8K reward's data key
+    start = time.perf_counter()
+    tokenizer, backend, used = await _setup_backend(args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
-                                        temperature=args.temperature, greedy=args.temperature == 0)
+                                        temperature=args.temperature, greedy=args.temperature == 0, seed=args.seed)
     if args.workflow == "vision_rlvr":
         from workflows.vision_rlvr import build_vision_workflow
 
         workflow = await trio.to_thread.run_sync(build_vision_workflow, args, gsm8k_reward, gconfig, tokenizer)
     else:
         workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
-    config = EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
-                          consumer_batch_size=args.consumer_batch_size or 1,
-                          max_head_offpolicyness=args.max_head_offpolicyness,
-                          dump_dir=str(args.dump_dir) if args.dump_dir else None)
-    start = time.perf_counter()
+    config = _engine_config(args)
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+        opened = time.perf_counter()  # start-up (model load, waiting for servers) ends here
+        await engine.reward_pool.check_reward_fn(gsm8k_reward, items[0])  # before any episode
         for item in items:
             engine.submit(item, workflow, group_size=args.group_size)
         results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)
         stats = engine.statistics()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - opened
     results.sort(key=lambda r: r.task_id)
     accepted = [r for r in results if r.status == "accepted"]
     batch = concat_padded_tensors([r.trajectory for r in accepted])
@@ -242,9 +291,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
         "generated_tokens": n_gen,
         "wall_seconds": wall,
+        "startup_seconds": opened - start,
         "generated_tokens_per_second": n_gen / wall if wall > 0 else 0.0,
         "backend": args.backend,
-        "model": args.model or ("builtin:smollm2" if args.backend == "hf" else "builtin:tiny-tokenizer"),
+        **used,  # model, tokenizer, servers (and for a remote run what each server reported)
+        "seed": args.seed,
         "dataset": args.dataset,
         "n_samples": args.n_samples,
         "group_size": args.group_size,
@@ -257,6 +308,16 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     }
     await trio.to_thread.run_sync(_write_outputs, args.out, batch, rows, summary)
     return summary
+
+
+def _engine_config(args: argparse.Namespace) -> Any:
+    """The engine settings of ``rollout run`` (a command owns its process: GC tuning on)."""
+    from .executor import EngineConfig
+
+    return EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
+                        consumer_batch_size=args.consumer_batch_size or 1,
+                        max_head_offpolicyness=args.max_head_offpolicyness,
+                        dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True)
 
 
 async def _collect(engine: Any, total: int, *, quiet: bool, step_every: int | None) -> list[Any]:
@@ -311,10 +372,16 @@ def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def _plain(obj: Any) -> Any:
+    """``obj`` as plain JSON values: dataclasses and dicts as objects, lists and
+    tuples as arrays, a non-finite float as null; anything else as its repr."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if obj is None or isinstance(obj, (int, float, str, bool)):
         return obj
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
     return repr(obj)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def _builtin_size(spec: str, name: str) -> int:
     return n
 
 
-def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
+def load_dataset(spec: str, limit: int | None = None, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Load ``spec`` (``"builtin:arith[:N]"``, ``"builtin:shapes[:N]"`` or a jsonl path)
     as workflow items, at most ``limit`` of them.
 
@@ -72,10 +73,15 @@ def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
     (``images``, ``messages`` with an image part, ``question``, integer ``answer``; see
     :func:`engine._shapes.builtin_shapes`); the others are text rows (:func:`to_item`).
 
+    Args:
+        required: fields every row must have besides ``question`` (the reward's
+            data keys: ``("answer",)`` for the GSM8K reward).
+
     Raises:
         DatasetError: unknown built-in name or size, the file is missing or empty, a
-            line is not a JSON object, or a row lacks a string ``question`` (names the
-            file and line number).
+            line is not UTF-8 or not a JSON object, a row lacks a string ``question``
+            or has an empty one, or lacks a ``required`` field (names the file and
+            line number).
     """
     is_arith, is_shapes = spec.startswith(BUILTIN_ARITH), spec.startswith(BUILTIN_SHAPES)
     if spec.startswith("builtin:") and not (is_arith or is_shapes):
@@ -91,7 +97,7 @@ def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
     if is_arith:
         rows = builtin_arith(_builtin_size(spec, BUILTIN_ARITH))
     else:
-        rows = _read_jsonl(Path(spec), limit)
+        rows = _read_jsonl(Path(spec), limit, tuple(required))
     if limit is not None:
         rows = rows[:limit]
     if not rows:
@@ -99,14 +105,19 @@ def load_dataset(spec: str, limit: int | None = None) -> list[dict[str, Any]]:
     return [to_item(r) for r in rows]
 
 
-def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, limit: int | None, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DatasetError(f"dataset file not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is reported with its number
+        for lineno, raw in enumerate(f, 1):
             if limit is not None and len(rows) >= limit:
                 break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start} "
+                                   "of the line)") from None
             if not line.strip():
                 continue
             try:
@@ -117,6 +128,11 @@ def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
                 raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             if not isinstance(row.get("question"), str):
                 raise DatasetError(f"{path}:{lineno}: row has no string field 'question'")
+            if not row["question"].strip():
+                raise DatasetError(f"{path}:{lineno}: field 'question' is empty")
+            for name in required:
+                if name not in row:
+                    raise DatasetError(f"{path}:{lineno}: row has no field {name!r} (the reward needs it)")
             if "answer" in row and not isinstance(row["answer"], (str, int, float)):
                 raise DatasetError(f"{path}:{lineno}: field 'answer' must be a string or number")
             rows.append(row)

@@ -20,6 +20,11 @@ message (see :class:`engine.executor.EpisodeResult`).
 
 from __future__ import annotations
 
+import sys
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
 __all__ = [
     "BackendError",
     "DataExhaustedError",
@@ -31,6 +36,7 @@ __all__ = [
     "RolloutError",
     "WorkflowError",
     "failure_reason",
+    "unwrap_single",
 ]
 
 
@@ -89,3 +95,16 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, InvalidRequestError):
         return "invalid_request"
     return "workflow_error"
+
+
+def unwrap_single(exc: BaseException) -> BaseException:
+    """``exc`` without the exception groups that wrap a single exception.
+
+    trio nurseries wrap whatever crosses them in a ``BaseExceptionGroup``; at a
+    public boundary one error should reach the caller as itself.  Nested groups
+    of one are peeled until an exception that is not a group, or a group of
+    several (returned as it is: several errors stay a group).
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

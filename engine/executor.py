@@ -32,6 +32,7 @@ import contextvars
 import inspect
 import logging
 import math
+import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -48,9 +49,13 @@ from .buffer import ResultBuffer
 from .datastream import DataStream
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
-from .errors import BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, failure_reason
+from .errors import (BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, failure_reason,
+                     unwrap_single)
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = [
     "EngineConfig",
@@ -108,10 +113,12 @@ class EngineConfig:
             episodes in a row, or when at least ``failure_breaker_rate`` of the last
             ``failure_breaker_window`` ended episodes failed (``None`` disables a rule).
             Rejections and cancellations are not failures.
-        gc_tuning: while the engine is open, freeze the objects alive at open
-            (``gc.freeze``) and raise the young generation's threshold to 10000;
-            restored at close (:mod:`engine._gc`: process-wide, reference counted;
-            -20% CPU per episode measured).  Set False to leave the GC alone.
+        gc_tuning: opt-in (the GC is process-wide): while the engine is open,
+            freeze the objects alive at open (``gc.freeze``, only if the host froze
+            nothing) and raise the young generation's threshold to 10000; the
+            host's previous state is restored exactly at close (:mod:`engine._gc`;
+            -20% CPU per episode measured).  ``rollout run`` and the benchmarks
+            turn it on.
     """
 
     max_concurrent_rollouts: int = 256
@@ -129,7 +136,7 @@ class EngineConfig:
     reward_worker_type: str = "spawn"
     reward_batch_size: int = 1
     reward_max_batch_delay_s: float = 0.0
-    gc_tuning: bool = True
+    gc_tuning: bool = False
     failure_breaker_consecutive: int | None = 32
     failure_breaker_window: int = 256
     failure_breaker_rate: float | None = 0.9
@@ -560,6 +567,9 @@ class RolloutEngine:
             elif not isinstance(out, TensorDict) or out.batch_dims != 1:
                 errors.append((i, TypeError(f"arun_episode returned {type(out).__name__}, expected a "
                                             "TensorDict with batch size [B] or None")))
+            elif out.batch_size[0] == 0:
+                errors.append((i, ValueError("arun_episode returned a TensorDict with 0 rows (batch size [0]); "
+                                             "return None to reject an episode")))
             else:
                 trajs.append(out)
         for i, exc in errors:
@@ -988,13 +998,24 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
         tokenizer: used only to decode text in trajectory dumps.
 
     Raises:
-        Whatever the backend's start-up raises (e.g. the model cannot be loaded).
+        Whatever the backend's start-up raises (e.g. the model cannot be loaded),
+        as itself: an error raised while the engine starts, or by the body of the
+        ``async with`` block, is not wrapped in an ``ExceptionGroup`` (several
+        errors at once still are; :func:`engine.errors.unwrap_single`).
     """
     config = config or EngineConfig()
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
-    with gc_tuned(config.gc_tuning):
-        async with _open_engine(backend, config, reward_pool, dumper) as engine:
-            yield engine
+    try:
+        with gc_tuned(config.gc_tuning):
+            async with _open_engine(backend, config, reward_pool, dumper) as engine:
+                yield engine
+    except BaseExceptionGroup as group:
+        single = unwrap_single(group)
+        if single is group:
+            raise
+    else:
+        return
+    raise single  # outside the handler: its own __cause__/__context__ stay as they were
 
 
 @asynccontextmanager

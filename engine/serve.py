@@ -64,8 +64,11 @@ import outcome
 import trio
 
 from .backends.base import GenerationJob
-from .errors import InvalidRequestError, RolloutError
+from .errors import InvalidRequestError, RolloutError, unwrap_single
 from .types import GenerationHyperparameters, ModelRequest, ModelResponse
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = [
     "HTTPRequest",
@@ -130,15 +133,30 @@ def json_response(obj: Any, status: int = 200) -> HTTPResponse:
 Handler = Callable[[HTTPRequest], Awaitable[HTTPResponse]]
 
 
+async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:
+    """Listen on ``host:port`` (``port=0``: any free port).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not ours); the message names it.
+    """
+    try:
+        return await trio.open_tcp_listeners(port, host=host, backlog=1024)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 async def serve_http(handler: Handler, host: str = "127.0.0.1", port: int = 0, *,
+                     listeners: list[trio.SocketListener] | None = None,
                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``handler`` over HTTP/1.1 (keep-alive) on ``host:port`` until cancelled.
+    """Serve ``handler`` over HTTP/1.1 (keep-alive) on ``host:port`` (or on ``listeners``
+    already open, see :func:`open_listeners`) until cancelled.
 
     ``task_status.started(port)`` reports the bound port (useful with ``port=0``).  While the
     handler runs the connection is watched: if the client disconnects the handler is
     cancelled.  A handler exception becomes a 500; :class:`RequestRejected` its status.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
+    if listeners is None:
+        listeners = await open_listeners(host, port)
     task_status.started(listeners[0].socket.getsockname()[1])
     await trio.serve_listeners(functools.partial(_serve_connection, handler), listeners)
 
@@ -668,6 +686,7 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
     backend = HFBackend(path, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
                         batch_window_s=config.batch_window_s)
     app = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path))
+    listeners = await open_listeners(config.host, config.port)  # a busy port: OSError here, not in a group
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -677,7 +696,7 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(stop_on_signal)
-            port = await nursery.start(serve_http, app.handle, config.host, config.port)
+            port = await nursery.start(functools.partial(serve_http, app.handle, listeners=listeners))
             url = f"http://{config.host}:{port}"
             print(f"rollout serve: listening on {url} (loading {path})", flush=True)
             await nursery.start(app.run)
@@ -716,9 +735,12 @@ def run_serve(args: argparse.Namespace) -> int:
                          max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
                          served_model_name=args.served_model_name, torch_threads=args.torch_threads, seed=args.seed)
     try:
-        trio.run(serve, config)
+        try:
+            trio.run(serve, config)
+        except BaseExceptionGroup as group:  # raised inside the server's nursery (e.g. loading the model)
+            raise unwrap_single(group) from None
     except (RolloutError, ValueError, OSError) as exc:
-        print(f"rollout: error: {exc}", file=sys.stderr)
+        print(f"rollout: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         pass

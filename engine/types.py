@@ -11,6 +11,7 @@ This module imports nothing heavy (no torch, no transformers).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -23,10 +24,22 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "StopReason",
+    "derive_seed",
 ]
 
 StopReason = Literal["stop", "length", "tool_calls", "abort"]
 STOP_REASONS: frozenset[str] = frozenset({"stop", "length", "tool_calls", "abort"})
+
+
+def derive_seed(seed: int, *parts: int | str | None) -> int:
+    """A per-request sampling seed derived from a run ``seed`` and the request's
+    identity, e.g. ``derive_seed(run_seed, task_id, group_sample, sample)`` (ours).
+
+    Stable across processes and runs (BLAKE2b of the values, not the salted
+    ``hash()``), distinct for distinct inputs; in ``[0, 2**63)``.
+    """
+    digest = hashlib.blake2b(repr((int(seed), *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass
@@ -50,7 +63,9 @@ class GenerationHyperparameters:
         skip_special_tokens: decode option for completion text.
         stop: stop strings (checked on decoded text).
         frequency_penalty: OpenAI-style frequency penalty.
-        seed: per-request sampling seed; ``None`` = nondeterministic.
+        seed: per-request sampling seed; ``None`` = nondeterministic.  On a
+            workflow's gconfig it is the *run* seed: :class:`workflows.rlvr.RLVRWorkflow`
+            derives each request's own seed from it (:func:`derive_seed`).
     """
 
     n_samples: int = 1

@@ -9,7 +9,9 @@ a user exception re-raised after the last attempt (never turned into a reward).
 Where we differ (**ours**):
 
 * A timeout or a cancellation *kills* the worker process (trio-parallel's
-  ``kill_on_cancel``).  AReaL only stops waiting, so one hung verifier holds a
+  ``kill_on_cancel``) and every process the reward started: each worker leads
+  its own process group, killed as a whole when the worker dies or exits, or
+  when the engine process dies (:func:`rewards._worker.init_worker`).  AReaL only stops waiting, so one hung verifier holds a
   worker for the rest of the run (AReaL PR #1426, verl #6673).  Other calls keep
   flowing while one hangs.
 * A worker that dies (``os._exit``, segfault, OOM kill) affects only the call it
@@ -31,9 +33,20 @@ Where we differ (**ours**):
   under its own ``setup_timeout_seconds`` (see :mod:`rewards._actor`).
 * Optional micro-batching (``batch_size > 1``): see :mod:`rewards._batch`.
 
-Timeouts, worker deaths and exceptions are all retried, up to ``max_retries``
+Timeouts, worker deaths and exceptions are retried, up to ``max_retries``
 times; the failure of the *last* attempt decides the result: a timeout gives the
-flagged fallback, a death or an exception raises.
+flagged fallback, a death or an exception raises.  **Ours**: an exception that
+cannot go away on retry -- one of :data:`DETERMINISTIC_ERRORS` (``TypeError``
+from a wrong signature, ``KeyError``/``IndexError`` for missing data,
+``AttributeError``, ``NameError``, ``ImportError``, ``NotImplementedError``,
+``SyntaxError``) -- raises at once, without retries (AReaL retries every
+exception).  Timeouts, dead workers and other exceptions (``OSError``,
+``ValueError``, ``RuntimeError``: an I/O-bound judge may recover) keep the
+retries.
+
+:meth:`RewardPool.check_reward_fn` checks a reward function at start-up, before
+any episode runs: callable, callable with the reward signature and a data row's
+keys, picklable, and importable in a spawned worker.
 
 Exceptions raised by :meth:`RewardPool.score`:
 
@@ -104,6 +117,7 @@ def _dumps(obj: Any, protocol: int = HIGHEST_PROTOCOL) -> bytes:
     return data
 
 __all__ = [
+    "DETERMINISTIC_ERRORS",
     "RewardOutcome",
     "RewardPool",
     "RewardPoolStatistics",
@@ -116,6 +130,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 WORKER_TYPES = ("spawn", "forkserver")  # never "fork": it hangs once torch is loaded
+
+#: Exceptions a reward function raises the same way on every attempt (a bug or a
+#: data row without a key the function needs): raised at once, never retried.
+DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError, LookupError, AttributeError, NameError, ImportError, NotImplementedError, SyntaxError,
+)
 LATENCY_WINDOW = 4096  # successful calls kept for the latency percentiles
 
 
@@ -321,6 +341,45 @@ class RewardPool:
             collector.append(outcome)
         return outcome
 
+    async def check_reward_fn(self, reward_fn: Any, data: dict[str, Any] | None = None) -> None:
+        """Check ``reward_fn`` before any episode runs (not counted as a call).
+
+        Checks, in order: it is callable; if ``data`` (a dataset item) is given, it
+        can be called as ``reward_fn(prompt, completions, prompt_ids,
+        completion_ids, **data)`` (its signature binds those arguments); a sync
+        function (or actor) can be pickled, and unpickled in a worker process of
+        this pool (its module is importable there).  An ``async def`` one runs
+        in-process and needs no worker.
+
+        Raises:
+            RewardError: naming the function and what is wrong.
+            trio.ClosedResourceError: the pool is closed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the reward pool is closed")
+        if not callable(reward_fn):
+            raise RewardError(f"reward function {reward_fn!r} is not callable")
+        name = _describe_fn(reward_fn)
+        if data is not None:
+            try:
+                signature = inspect.signature(reward_fn)
+            except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+                signature = None
+            if signature is not None:
+                try:
+                    signature.bind("prompt", "completions", [], [], **data)
+                except TypeError as exc:
+                    raise RewardError(
+                        f"reward function {name} cannot be called as {name.rsplit('.', 1)[-1]}(prompt, "
+                        f"completions, prompt_ids, completion_ids, **data) with data keys {sorted(data)}: {exc}"
+                    ) from None
+        if _is_async(reward_fn):
+            return
+        job, _ = self._pickle_job(reward_fn, name, (), {})
+        async with self._limiter:
+            tag, value = await self._run_job(_worker.load_job, job, timeout=max(self.timeout_seconds, 60.0))
+        self._check(tag, value, name)
+
     @staticmethod
     def _pickle_job(fn: Any, name: str, args: tuple, data: dict) -> tuple[bytes, float | None]:
         """The job's bytes, and the actor's setup timeout (None: not an actor)."""
@@ -478,6 +537,11 @@ class RewardPool:
                 )
             except (RewardError, trio.ClosedResourceError):
                 raise  # deterministic: invalid value, unpicklable job, closed pool
+            except DETERMINISTIC_ERRORS as exc:  # raised by the user's function, the same on every attempt
+                raise RewardError(
+                    f"reward function {name} raised {type(exc).__name__}: {exc} (attempt {number}/{attempts}; "
+                    f"not retried: a {type(exc).__name__} does not go away on retry)"
+                ) from exc
             except Exception as exc:  # raised by the user's reward function
                 failure, error = "raised", exc
                 logger.warning(
@@ -600,7 +664,7 @@ async def open_reward_pool(
         batch_size, max_batch_delay_s,
     )
     async with trio_parallel.open_worker_context(
-        worker_type=trio_parallel.WorkerType(worker_type)
+        worker_type=trio_parallel.WorkerType(worker_type), init=_worker.init_worker
     ) as context:
         pool = RewardPool(
             context=context,

@@ -25,6 +25,17 @@ parent must not retry:
   this worker has not set the actor up (the parent re-sends it allowing setup,
   under the actor's setup timeout).
 
+Process trees (**ours**; issue 13): :func:`init_worker` runs first in every
+worker (trio-parallel's ``init`` hook).  It makes the worker the leader of a new
+session and process group (``os.setsid``), so that whatever the reward starts
+(a compiler, a test runner, ``sleep``) is in that group, and forks a tiny
+*guardian* process into the group.  The guardian waits on a pipe whose only
+writer is the worker and, on Linux, on a pidfd of the engine process; when the
+worker dies (killed on timeout or cancellation, crashed, or exited because the
+pool closed) or the engine process dies (even by SIGKILL), the guardian kills
+the whole group with SIGKILL, itself included.  A child that starts its own
+session (``start_new_session=True``) leaves the group and is not covered.
+
 An exception raised by the reward function itself propagates unchanged;
 trio-parallel sends it back with its worker-side traceback (tblib).
 :func:`run_batch` runs several jobs in one round trip and returns one tagged
@@ -36,7 +47,10 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 import pickle
+import select
+import signal
 from typing import Any
 
 __all__ = [
@@ -48,6 +62,8 @@ __all__ = [
     "ActorRef",
     "as_reward",
     "describe_value",
+    "init_worker",
+    "load_job",
     "run_batch",
     "run_job",
 ]
@@ -167,6 +183,18 @@ def run_job(job: bytes, allow_setup: bool = True) -> tuple[str, Any]:
     return as_reward(reward_fn(*args, **kwargs))
 
 
+def load_job(job: bytes) -> tuple[str, Any]:
+    """Unpickle a job without running it (a start-up check): ``(OK, 0.0)`` or
+    ``(LOAD_FAILED, why)``.  An actor's own bytes are unpickled too, not set up."""
+    try:
+        reward_fn, _, _ = pickle.loads(job)
+        if isinstance(reward_fn, ActorRef):
+            pickle.loads(reward_fn.payload)
+    except Exception as exc:
+        return LOAD_FAILED, f"{type(exc).__name__}: {exc}"
+    return OK, 0.0
+
+
 def _portable(exc: Exception) -> Exception:
     """``exc`` made picklable with its traceback, or a RuntimeError naming it."""
     try:
@@ -196,3 +224,63 @@ def run_batch(jobs: list[bytes]) -> list[tuple[str, Any]]:
         except Exception as exc:
             results.append((RAISED, _portable(exc)))
     return results
+
+
+#: The write end of the guardian's pipe: open for as long as this worker lives.
+_GUARD_FD: int | None = None
+
+
+def init_worker() -> None:
+    """trio-parallel's ``init`` hook: put this worker in its own session and
+    process group and start its guardian (see the module docstring).  A no-op
+    where ``os.setsid``/``os.fork`` do not exist, or if the worker already leads
+    a group (nothing of its own to kill then)."""
+    global _GUARD_FD
+    if _GUARD_FD is not None or not hasattr(os, "setsid") or not hasattr(os, "fork"):
+        return
+    try:
+        os.setsid()
+    except OSError:
+        return
+    group = os.getpid()
+    engine_fd = None
+    if hasattr(os, "pidfd_open"):  # Linux >= 5.3: also die with the engine process
+        try:
+            engine_fd = os.pidfd_open(os.getppid())
+        except OSError:
+            engine_fd = None
+    read_end, write_end = os.pipe()  # not inheritable: the reward's own children do not hold it
+    if os.fork() == 0:
+        try:
+            _guard(read_end, engine_fd, group)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    if engine_fd is not None:
+        os.close(engine_fd)
+    _GUARD_FD = write_end
+
+
+def _guard(read_end: int, engine_fd: int | None, group: int) -> None:
+    """The guardian (a forked copy of the worker at init): hold nothing of the
+    worker's, wait until the worker or the engine process is gone, then kill the
+    group.  Never returns normally (SIGKILL of its own group)."""
+    keep = [read_end] + ([engine_fd] if engine_fd is not None else [])
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # do not keep a caller's stdout pipe open
+        os.dup2(devnull, fd)
+    start = 3
+    for fd in sorted(keep + [devnull]):
+        if fd >= start:
+            os.closerange(start, fd)
+            start = fd + 1
+    try:
+        limit = max(os.sysconf("SC_OPEN_MAX"), start)
+    except (AttributeError, ValueError, OSError):  # pragma: no cover
+        limit = 1 << 16
+    os.closerange(start, limit)  # the worker's pipes to the engine, the write end, ...
+    os.close(devnull)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)  # only the worker's or the engine's end ends it
+    select.select(keep, [], [])  # EOF on the pipe (worker gone) or pidfd readable (engine gone)
+    os.killpg(group, signal.SIGKILL)

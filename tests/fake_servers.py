@@ -10,7 +10,7 @@ Generation is deterministic: ``n = min(budget, fake.length)`` tokens
 ``n == budget`` else ``stop``.  Each ``/generate`` call pops one step of ``fake.script``
 (default ``"ok"``):
 
-``"ok"``, ``"500"``, ``"503"``, ``"403"``, ``"malformed"`` (200 with a broken JSON body),
+``"ok"``, ``"500"``, ``"503"``, ``"400"``, ``"401"``, ``"403"``, ``"malformed"`` (200 with a broken JSON body),
 ``"mismatch"`` (one logprob fewer than tokens), ``"sentinel"`` (a -9999 logprob),
 ``"hang"`` (until ``fake.hold`` is set, or aborted by rid: then finish ``abort`` with
 ``fake.partial_on_abort`` tokens), ``"drop"`` (the connection is lost: MockTransport only),
@@ -84,6 +84,7 @@ class FakeSGLang(_Fake):
     /continue_generation, /update_weights_from_disk, /health, /get_model_info."""
 
     weight_version = "0"
+    model_path = "fake"  # what /get_model_info reports
 
     async def handle(self, request: HTTPRequest) -> HTTPResponse:
         self.calls.append((request.method, request.path))
@@ -111,13 +112,13 @@ class FakeSGLang(_Fake):
             self.weight_version = body.get("weight_version", self.weight_version)
             return json_response({"success": True, "message": "ok", "num_paused_requests": 0})
         if request.path == "/get_model_info":
-            return json_response({"model_path": "fake", "weight_version": self.weight_version})
+            return json_response({"model_path": self.model_path, "weight_version": self.weight_version})
         return json_response({"detail": "Not Found"}, 404)
 
     async def _generate(self, body: dict[str, Any]) -> HTTPResponse:
         self.generate_calls.append(body)
         step = self.step()
-        if step in ("500", "503", "403"):
+        if step in ("500", "503", "400", "401", "403"):
             return json_response({"error": {"message": f"scripted {step}"}}, int(step))
         if step == "malformed":
             return HTTPResponse(200, b'{"text": "trunc')
@@ -184,7 +185,7 @@ class FakeVLLM(_Fake):
     async def _complete(self, body: dict[str, Any]) -> HTTPResponse:
         self.generate_calls.append(body)
         step = self.step()
-        if step in ("500", "503", "403"):
+        if step in ("500", "503", "400", "401", "403"):
             return json_response({"error": {"message": f"scripted {step}"}}, int(step))
         rid, ids, budget = body["request_id"], body["prompt"], body["max_tokens"]
         finished = await self._run(rid, step)

@@ -173,3 +173,28 @@ class LockInInitActor(LockInSetupActor):
 
 def length_reward(prompt, completions, prompt_ids, completion_ids, **data) -> float:
     return float(len(completions))
+
+
+def raise_key_error(prompt, completions, prompt_ids, completion_ids, *, log=None, **data):
+    """Read a data key that is not there (KeyError), logging the attempt."""
+    _log(log)
+    return float(data["answer"])
+
+
+def wrong_signature(prompt, completions, log=None):
+    """A reward written with the wrong signature (no prompt_ids/completion_ids/**data)."""
+    _log(log)
+    return 1.0
+
+
+def spawn_sleep(prompt, completions, prompt_ids, completion_ids, *, fifo: str, hang: bool, **data):
+    """Start ``sleep 1000`` (a child process: a compiler, a test runner), write its pid into
+    the named pipe ``fifo``, then wait for it (``hang``) or return 1.0 leaving it running."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(fifo, "w") as f:
+        f.write(str(child.pid))
+    if hang:
+        child.wait()
+    return 1.0

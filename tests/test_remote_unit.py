@@ -380,9 +380,9 @@ async def test_ejection_cancels_in_flight_attempts_which_fail_over(reward_pool, 
 
 async def test_non_retryable_errors_fail_at_once(autojump_clock):
     fa, fb = FakeSGLang(), FakeSGLang()
-    fa.script = ["403"]
+    fa.script = ["400"]
     backend = make({A: fa, B: fb})
-    with pytest.raises(RemoteCallError, match="HTTP 403") as info:
+    with pytest.raises(RemoteCallError, match="HTTP 400") as info:
         await backend.generate(req(max_new_tokens=4), 4)
     assert not info.value.retryable and len(fa.generate_calls) == 1 and not fb.generate_calls
     assert backend.pool[A].healthy  # a 4xx is not the server's fault
@@ -477,8 +477,7 @@ async def test_startup_fails_clearly_when_no_server_answers(reward_pool, autojum
     fa = FakeSGLang()
     fa.refuse = True
     backend = make({A: fa}, startup_timeout_s=5.0)
-    with pytest.RaisesGroup(pytest.RaisesExc(BackendError, match="no server answered /health within"),
-                            flatten_subgroups=True):
+    with pytest.raises(BackendError, match="no server answered /health within"):
         async with open_rollout_engine(backend, reward_pool=reward_pool):
             pass
 

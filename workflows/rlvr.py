@@ -15,7 +15,8 @@ from typing import Any
 import trio
 
 from engine.data import concat_padded_tensors, trajectory_from_response
-from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse
+from engine.executor import episode_id, sample_index
+from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
 
 from .base import RolloutWorkflow
 
@@ -60,12 +61,19 @@ class RLVRWorkflow(RolloutWorkflow):
             -> float``; picklable (it runs in a worker process), or an ``async def``
             (runs in-process under the same timeout policy).
         gconfig: sampling parameters; stop/pad ids of ``tokenizer`` are merged in.
+            Validated here (:class:`~engine.errors.InvalidRequestError` naming the
+            field, e.g. ``n_samples must be >= 1``).
         tokenizer: a transformers tokenizer with a chat template, or a path to one.
         enable_thinking: passed to the chat template when not ``None``.
         get_input_ids_fn: ``(tokenizer, data, enable_thinking) -> list[int]``.
 
     ``data`` must hold ``"messages"`` (a chat); every key is passed to the reward
     function as a keyword argument (GSM8K rows carry ``answer``).
+
+    Seeds (ours): with ``gconfig.seed`` set (the run seed), each request gets its own
+    seed ``derive_seed(gconfig.seed, task_id, group sample, sample)``: the samples of a
+    prompt differ, and a run with the same seed (and the same task ids: ``submit(...,
+    task_id=i)``) repeats row for row on a backend that honours per-request seeds.
 
     Returns from :meth:`arun_episode`: a trajectory of batch ``[n_samples]`` with
     the fields of ``engine.data.TRAJECTORY_SCHEMA`` plus ``reward_is_fallback
@@ -88,6 +96,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.reward_fn = reward_fn
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+        self.gconfig.validate()  # n_samples=0 etc.: refused here, before any episode runs
         self.enable_thinking = enable_thinking
         self.get_input_ids_fn = get_input_ids_fn
         self._sample_cfg = self.gconfig.new(n_samples=1)  # shared by every request (never mutated)
@@ -97,11 +106,14 @@ class RLVRWorkflow(RolloutWorkflow):
         n = self.gconfig.n_samples
         sample_cfg = self._sample_cfg
         trajectories: list[Any] = [None] * n
+        run_seed = self.gconfig.seed
+        item, group_sample = episode_id.get(), sample_index.get()
 
         prompt_text: list[str] = []  # decoded once per episode, shared by its samples
 
         async def one_sample(i: int) -> None:
-            req = ModelRequest(input_ids=input_ids, gconfig=sample_cfg, tokenizer=self.tokenizer)
+            cfg = sample_cfg if run_seed is None else sample_cfg.new(seed=derive_seed(run_seed, item, group_sample, i))
+            req = ModelRequest(input_ids=input_ids, gconfig=cfg, tokenizer=self.tokenizer)
             resp = await engine.agenerate(req)
             if not prompt_text:
                 prompt_text.append(_decode(self.tokenizer, resp.input_tokens, False))

@@ -9,7 +9,8 @@ result inside the job's cancel scope; withdrawing the job cancels the request in
 the manager (its slot is freed).
 
 Supported per request: ``temperature``, ``top_k``, ``top_p`` (per-request
-logits processors), the token budget, stop token ids / EOS (``ignore_eos``
+logits processors), the token budget (clamped to the model's context length, a
+prompt at or over it refused, as in static mode), stop token ids / EOS (``ignore_eos``
 honoured) and stop strings (checked on streamed text; the request is cancelled
 at the match).  Not supported (a clear :class:`InvalidRequestError`; use
 ``mode="static"``): ``greedy``, ``seed``, ``min_new_tokens``,
@@ -108,7 +109,7 @@ class ContinuousServer:
                     async for job in jobs:
                         if job.withdrawn:
                             continue
-                        problem = self.unsupported(job)
+                        problem = self.unsupported(job) or self.backend.fit_context(job)
                         if problem:
                             job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
                             continue

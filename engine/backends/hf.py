@@ -6,6 +6,17 @@ left-padded ``model.generate`` per group in a worker thread.  Each row stops at
 its own budget or at its first stop token; a withdrawn (cancelled) row is stopped
 at the next token through a ``StoppingCriteria``.
 
+Sampling and seeds (ours): every row of a batch samples with its own
+``torch.Generator``, seeded with its request's ``gconfig.seed`` (or a random
+seed), by inverse CDF over the processed distribution; ``generate`` itself runs
+greedy over the one token left.  So seeded requests are batched like any other,
+the same seed gives the same tokens whatever the batch, and torch's global RNG
+is never used (it belongs to the host, e.g. a trainer in the same process).
+
+Context length: a prompt at or over the model's ``max_position_embeddings`` is
+refused (:class:`InvalidRequestError` naming ``input_ids``) and the budget is
+clamped so that prompt + output never exceeds it, as ``rollout serve`` does.
+
 Logprobs: ``output_logprobs[i]`` is ``log_softmax`` of the *processed* scores at
 the sampled token, i.e. of the distribution that was actually sampled (after
 temperature, top-k and top-p), captured at each decoding step by a logits
@@ -47,6 +58,8 @@ batches.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -64,6 +77,8 @@ __all__ = ["HFBackend"]
 logger = logging.getLogger(__name__)
 
 _NO_TOP_K = 100_000_000
+#: config fields holding a model's context length, in the order they are tried
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 def _batch_key(req: ModelRequest) -> tuple:
@@ -76,7 +91,6 @@ def _batch_key(req: ModelRequest) -> tuple:
         g.min_new_tokens,
         tuple(g.stop_token_ids),
         g.ignore_eos,
-        g.seed,
     )
 
 
@@ -186,7 +200,11 @@ class HFBackend(InferenceBackend):
         if self.tokenizer is None:
             self.tokenizer = AutoTokenizer.from_pretrained(self._model_spec)
         self.device = device
-        self.vocab_size = int(self.model.config.get_text_config().vocab_size)
+        config = self.model.config.get_text_config()  # a VLM's language model holds these
+        self.vocab_size = int(config.vocab_size)
+        context = next((getattr(config, name, None) for name in _CONTEXT_FIELDS
+                        if isinstance(getattr(config, name, None), int)), None)
+        self.context_length: int | None = context
 
     # -- actor ---------------------------------------------------------------
     async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -229,19 +247,29 @@ class HFBackend(InferenceBackend):
                 for job in batch:
                     if job.withdrawn:
                         continue
-                    problem = self._unsupported(job.request)
+                    problem = self._unsupported(job.request) or self.fit_context(job)
                     if problem:
                         job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
                         continue
-                    key = _batch_key(job.request)
-                    if key[-1] is not None:  # seeded: alone, so the same seed gives the same tokens
-                        key = (*key, id(job))
-                    groups[key].append(job)
+                    groups[_batch_key(job.request)].append(job)  # seeded rows too: each has its own generator
                 self._waiting = sum(len(g) for g in groups.values())
                 for group in groups.values():
                     await self._no_update.wait()  # no batch starts during a weight update
                     self._waiting -= len(group)
                     await self._run_group(group)
+
+    def fit_context(self, job: GenerationJob) -> str | None:
+        """Enforce the model's context length (as ``rollout serve`` does): clamp
+        ``job.budget`` so that prompt + output fits, or say why nothing fits."""
+        context = self.context_length
+        if context is None:
+            return None
+        n = len(job.request.input_ids)
+        if n >= context:
+            return (f"input_ids has {n} tokens, at or over the model's context of {context} tokens "
+                    "(max_position_embeddings): no room to generate")
+        job.budget = min(job.budget, context - n)
+        return None
 
     def _unsupported(self, req: ModelRequest) -> str | None:
         if req.gconfig.frequency_penalty:
@@ -451,6 +479,23 @@ class HFBackend(InferenceBackend):
 
         capture = _Capture()
 
+        class _Sample(LogitsProcessor):
+            """After the capture, when sampling: draw each row's token with the row's
+            own generator (inverse CDF of the processed distribution) and leave only
+            that token, so that ``generate``'s greedy argmax picks it.  Nothing touches
+            torch's global RNG; a row's tokens depend only on its seed and its prefix,
+            not on the batch it shares."""
+
+            def __call__(self, ids, scores):  # scores: [B, V]
+                step = ids.shape[1] - width
+                probs = torch.softmax(scores.float(), dim=-1)  # [B, V]
+                cdf = probs.cumsum(dim=-1)  # [B, V]
+                u = uniforms[:, step] * cdf[:, -1]  # [B]
+                pick = torch.searchsorted(cdf, u[:, None], right=True).clamp_max(cdf.shape[1] - 1)  # [B, 1]
+                zero = probs.gather(1, pick) <= 0  # rounding at the top end of the CDF
+                pick = torch.where(zero, probs.argmax(dim=-1, keepdim=True), pick)
+                return torch.full_like(scores, -math.inf).scatter_(1, pick, 0.0)
+
         class _RowStop(StoppingCriteria):
             """Called after every decoding step: stop a row at its own budget or
             once its episode withdrew it; stop all rows for an abort-mode weight
@@ -470,9 +515,8 @@ class HFBackend(InferenceBackend):
                 return torch.tensor(done, dtype=torch.bool, device=ids.device)
 
         # Warpers are ours, in transformers' order, so that the capture sees the
-        # final distribution; the config disables transformers' own (explicit
-        # values: None would fall back to the model's generation_config, whose
-        # default top_k is 50).
+        # final distribution; ``generate`` runs greedy (do_sample=False), so it
+        # builds no warpers of its own and never draws from the global RNG.
         processors = LogitsProcessorList()
         if not g.greedy:
             if g.temperature != 1.0:
@@ -482,10 +526,20 @@ class HFBackend(InferenceBackend):
             if g.top_p < 1.0:
                 processors.append(TopPLogitsWarper(g.top_p))
         processors.append(capture)
-        gen_cfg = GenerationConfig(
+        if not g.greedy:  # one generator per row: its request's seed, else a fresh random one
+            uniforms = torch.stack([  # [B, max budget] float32 in [0, 1)
+                torch.rand(max(budgets), generator=torch.Generator().manual_seed(
+                    job.request.gconfig.seed if job.request.gconfig.seed is not None
+                    else int.from_bytes(os.urandom(8), "big") >> 1))
+                for job in group
+            ]).to(self.device)
+            processors.append(_Sample())
+        gen_cfg = GenerationConfig(  # greedy over our one-token distribution when sampling
             max_new_tokens=max(budgets),
             min_new_tokens=g.min_new_tokens or None,
-            do_sample=not g.greedy,
+            do_sample=False,
+            # neutral, explicit: unset values would be filled from the model's
+            # generation_config (e.g. top_k=20), and flagged as unused on every call
             temperature=1.0,
             top_p=1.0,
             top_k=0,
@@ -493,8 +547,6 @@ class HFBackend(InferenceBackend):
             eos_token_id=sorted(stop_ids) or None,
             pad_token_id=pad_id,
         )
-        if g.seed is not None:
-            torch.manual_seed(g.seed)
         with torch.inference_mode():
             sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),

@@ -25,7 +25,10 @@ One call of :meth:`RemoteBackend.generate` serves one segment the engine sends:
    ``attempt_timeout_s``, the server ejected under it) try again: at once on a healthy server
    this request has not tried yet (failover), otherwise after a capped exponential backoff
    with jitter (:class:`RetryPolicy`); ``max_attempts`` attempts in all;
-5. anything else (another 4xx, a body of the wrong shape) fails the request with a
+5. HTTP 401/403 (access denied: our credentials) is permanent and server-level: the server is
+   ejected for good and the request fails over at once; when every server refuses, requests
+   fail at once, and start-up (:meth:`~RemoteBackend.wait_ready`) fails at once;
+6. anything else (another 4xx, a body of the wrong shape) fails the request with a
    :class:`RemoteCallError` (a :class:`~engine.errors.BackendError`) naming request, server
    and cause.  The whole call, waits and backoff included, is bounded by
    ``request_timeout_s``.
@@ -180,15 +183,18 @@ class RemoteCallError(BackendError):
         retryable: a transient fault (worth another attempt, possibly elsewhere).
         server_down: the server could not be reached at all (eject it now).
         server_fault: the fault counts against the server's health (a 4xx does not).
+        access_denied: HTTP 401/403: the server refuses *us* (credentials), on every
+            request alike; permanent and server-level (the server is ejected for good).
     """
 
     def __init__(self, message: str, *, url: str = "", retryable: bool = False, server_down: bool = False,
-                 server_fault: bool = True) -> None:
+                 server_fault: bool = True, access_denied: bool = False) -> None:
         super().__init__(message)
         self.url = url
         self.retryable = retryable
         self.server_down = server_down
         self.server_fault = server_fault
+        self.access_denied = access_denied
 
 
 @contextmanager
@@ -231,12 +237,16 @@ def decode_json(response: httpx.Response, url: str, what: str, *, allow_empty: b
     """Check an HTTP status and decode the JSON body (``decode=False``: the status only).
 
     Raises:
-        RemoteCallError: 408/429/5xx (retryable), another non-2xx (not retryable, not the
-            server's fault), or a body that is not JSON (retryable: a truncated answer).
+        RemoteCallError: 408/429/5xx (retryable), 401/403 (``access_denied``: permanent),
+            another non-2xx (not retryable, not the server's fault), or a body that is not
+            JSON (retryable: a truncated answer).
     """
     status = response.status_code
     if status in (408, 429) or status >= 500:
         raise RemoteCallError(f"{url}{what}: HTTP {status}: {_excerpt(response.text)}", url=url, retryable=True)
+    if status in (401, 403):
+        raise RemoteCallError(f"{url}{what}: HTTP {status} (access denied; check the credentials, e.g. an "
+                              f"Authorization header): {_excerpt(response.text)}", url=url, access_denied=True)
     if not 200 <= status < 300:
         raise RemoteCallError(f"{url}{what}: HTTP {status}: {_excerpt(response.text)}", url=url, server_fault=False)
     if not decode or (allow_empty and not response.content.strip()):
@@ -261,6 +271,7 @@ class ServerStatistics:
     ejections: int
     weight_version: str | None
     last_error: str | None
+    access_denied: bool = False
 
 
 class _Server:
@@ -277,11 +288,13 @@ class _Server:
         self.weight_version: str | None = None
         self.last_error: str | None = None
         self.stale_weights = False  # missed a weight update; replayed before re-admission
+        self.denied: str | None = None  # why it refuses us (HTTP 401/403): ejected for good
         self.attempt_scopes: set[trio.CancelScope] = set()
 
     def snapshot(self) -> ServerStatistics:
         return ServerStatistics(self.url, self.healthy, self.outstanding_tokens, self.in_flight, self.requests,
-                                self.failures, self.ejections, self.weight_version, self.last_error)
+                                self.failures, self.ejections, self.weight_version, self.last_error,
+                                self.denied is not None)
 
 
 def _normalize_url(url: str) -> str:
@@ -390,8 +403,22 @@ class ServerPool:
         for scope in scopes:
             scope.cancel()
 
+    def deny(self, server: _Server, reason: str) -> None:
+        """``server`` refuses our credentials (HTTP 401/403): eject it for good (probes
+        do not re-admit it) and wake requests waiting for a server, so that they fail
+        at once when no server is left."""
+        server.denied = reason
+        server.failures += 1
+        self.eject(server, reason, cancel_in_flight=False)
+        self._readmitted.unpark_all()
+
+    @property
+    def all_denied(self) -> bool:
+        """Whether every server refuses us: nothing can ever be served."""
+        return all(s.denied is not None for s in self.servers)
+
     def readmit(self, server: _Server) -> None:
-        if server.healthy:
+        if server.healthy or server.denied is not None:
             return
         server.healthy = True
         server.consecutive_failures = 0
@@ -529,14 +556,24 @@ class RemoteBackend(PerRequestBackend):
 
     # -- actor --------------------------------------------------------------------
     async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Wait for a healthy server, then serve jobs with health checks running."""
-        await self._startup()
+        """Wait for a healthy server (:meth:`wait_ready`), then serve jobs with health
+        checks running."""
+        await self.wait_ready()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._health_loop)
             await super().run(jobs, task_status=task_status)
             nursery.cancel_scope.cancel()
 
-    async def _startup(self) -> None:
+    async def wait_ready(self) -> None:
+        """Wait until a server answers its health route, then run :meth:`after_startup`.
+
+        ``run`` calls it; a caller may call it first (e.g. to ask the servers which model
+        they serve, :meth:`served_models`), then ``run`` finds a healthy server at once.
+
+        Raises:
+            BackendError: every server refuses access (HTTP 401/403: at once, no waiting),
+                or no server answered within ``startup_timeout_s``.
+        """
         with trio.move_on_after(self.timeouts.startup_timeout_s):
             first = True
             while True:
@@ -544,6 +581,9 @@ class RemoteBackend(PerRequestBackend):
                 if self.pool.healthy:
                     await self.after_startup()
                     return
+                if self.pool.all_denied:
+                    raise BackendError(f"{self.kind} backend: every server refused access: "
+                                       + "; ".join(f"{s.denied}" for s in self.pool.servers))
                 if first:
                     logger.warning("waiting up to %s s for a healthy server among %s", self.timeouts.startup_timeout_s,
                                    [s.url for s in self.pool.servers])
@@ -555,6 +595,35 @@ class RemoteBackend(PerRequestBackend):
 
     async def after_startup(self) -> None:
         """Hook run once a server is healthy, before jobs are served."""
+
+    async def served_models(self) -> dict[str, str | None]:
+        """Ask every healthy server which model it serves: ``{url: name or path}``
+        (``None`` where a server does not say).  SGLang: ``GET /get_model_info``
+        (``tokenizer_path``, else ``model_path``); vLLM: ``GET /v1/models``
+        (``data[0].root``, else ``data[0].id``)."""
+        answers: dict[str, str | None] = {}
+
+        async def one(server: _Server) -> None:
+            method, path = self.model_info_call()
+            try:
+                answer = await self.call(server.url, method, path, timeout_s=self.timeouts.health_timeout_s)
+                name = self.parse_model_name(answer)
+            except (RemoteCallError, TypeError, KeyError, IndexError, ValueError, AttributeError):
+                name = None
+            answers[server.url] = str(name) if name else None
+
+        async with trio.open_nursery() as nursery:
+            for server in self.pool.healthy:
+                nursery.start_soon(one, server)
+        return {s.url: answers[s.url] for s in self.pool.servers if s.url in answers}
+
+    def model_info_call(self) -> tuple[str, str]:
+        """``(method, path)`` of the route that names the served model."""
+        raise NotImplementedError
+
+    def parse_model_name(self, answer: Any) -> str | None:
+        """The served model's name or path in the answer of :meth:`model_info_call`."""
+        raise NotImplementedError
 
     async def _health_loop(self) -> None:
         while True:
@@ -577,9 +646,14 @@ class RemoteBackend(PerRequestBackend):
                             decode=False)  # 200 is healthy, whatever the body ("OK" from a router)
         except RemoteCallError as exc:
             self._stats["health_failures"] += 1
+            if exc.access_denied:
+                self.pool.deny(server, f"health probe: {exc}")
+                return
             self.pool.record_failure(server, f"health probe: {exc}", eject_now=eject_now or exc.server_down,
                                      probe=True)
             return
+        if server.denied is not None:
+            return  # healthy, but it refuses our requests: never back in rotation
         if not server.healthy and server.stale_weights and self._weight_update is not None:
             path, body = self._weight_update
             try:
@@ -621,6 +695,16 @@ class RemoteBackend(PerRequestBackend):
                     parsed = await self._attempt(server, request, budget, cost)
                 except RemoteCallError as exc:
                     history.append(f"attempt {attempts} on {server.url}: {exc}")
+                    if exc.access_denied:  # the server refuses us, whatever the request: out of rotation
+                        self.pool.deny(server, str(exc))
+                        if not self.pool.all_denied and attempts < self.retry.max_attempts:
+                            self._stats["retries"] += 1
+                            self._stats["failovers"] += 1
+                            failed.append(server.url)
+                            continue
+                        self._stats["requests_failed"] += 1
+                        raise RemoteCallError(f"request {request.rid}: {_history(history)}", url=server.url,
+                                              access_denied=True) from exc
                     if exc.server_fault:
                         self.pool.record_failure(server, str(exc), eject_now=exc.server_down)
                     if not exc.retryable or attempts >= self.retry.max_attempts:
@@ -673,6 +757,10 @@ class RemoteBackend(PerRequestBackend):
             server = self.pool.choose(key, failed)
             if server is not None:
                 return server
+            if self.pool.all_denied:  # nothing will ever be re-admitted: fail now, not at the deadline
+                self._stats["requests_failed"] += 1
+                raise RemoteCallError(f"{self.kind}: every server refused access: "
+                                      + "; ".join(f"{s.denied}" for s in self.pool.servers), access_denied=True)
             self._stats["waits_for_server"] += 1
             await self.pool.wait_readmission()
 

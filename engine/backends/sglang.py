@@ -133,6 +133,12 @@ class SGLangBackend(RemoteBackend):
     def continue_call(self):
         return "POST", "/continue_generation", {}, None
 
+    def model_info_call(self):
+        return "GET", "/get_model_info"
+
+    def parse_model_name(self, answer: Any) -> str | None:
+        return answer.get("tokenizer_path") or answer.get("model_path")
+
     async def abort_all(self, *, servers: Sequence[str] | None = None) -> dict[str, Any]:
         """``POST /abort_request {"abort_all": true}`` on every healthy server (or ``servers``)."""
         answers, errors = await self.broadcast("POST", "/abort_request", json={"abort_all": True}, servers=servers)

@@ -98,6 +98,13 @@ class VLLMBackend(RemoteBackend):
                 "prompt, so it would not be token-exact); use the sglang or hf backend for image requests")
         return await super().generate(request, budget)
 
+    def model_info_call(self):
+        return "GET", "/v1/models"
+
+    def parse_model_name(self, answer: Any) -> str | None:
+        first = answer["data"][0]
+        return first.get("root") or first.get("id")
+
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
         g = request.gconfig
         payload: dict[str, Any] = {

@@ -1,6 +1,7 @@
 """``rollout``: the command line.
 
-``rollout run`` turns a dataset into trajectories with the RLVR workflow and
+``rollout run`` turns a dataset into trajectories with a workflow (``--workflow``,
+default RLVR; see ``rollout run --help`` for the built-ins) and
 writes, into ``--out``:
 
 - ``trajectories/``: the padded batch, saved with TensorDict's own persistence
@@ -74,9 +75,13 @@ def _non_negative_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rollout", description="trio-rollout: a trio-native rollout engine for LLM RL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run the RLVR workflow over a dataset and write trajectories",
-                         description="Run the RLVR workflow (chat template -> generate -> reward in worker "
-                                     "processes) over a dataset; write trajectories/, rollouts.jsonl, summary.json.")
+    from ._cli_workflow import add_workflow_arguments, workflows_epilog
+
+    run = sub.add_parser("run", help="run a workflow (default RLVR) over a dataset and write trajectories",
+                         description="Run a workflow (default RLVR: chat template -> generate -> reward in worker "
+                                     "processes) over a dataset; write trajectories/, rollouts.jsonl, summary.json.",
+                         epilog=workflows_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workflow_arguments(run)
     run.add_argument("--model", default=None,
                      help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct)")
     run.add_argument("--dataset", default="builtin:arith",
@@ -129,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
     try:
+        from ._cli_workflow import plan_workflow
+
+        args.workflow_plan = plan_workflow(args)  # before the model loads: a typo fails at once
         summary = trio.run(_run, args)
     except (RolloutError, ValueError, OSError) as exc:
         print(f"rollout: error: {exc}", file=sys.stderr)
@@ -183,10 +191,17 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     return tokenizer, SimBackend(config)
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from rewards import gsm8k_reward
-    from workflows.rlvr import RLVRWorkflow
+def _load_processor(args: argparse.Namespace) -> Any:
+    """The multimodal processor of ``--model`` (for workflows that take ``processor=``)."""
+    from transformers import AutoProcessor
 
+    from .models import resolve_model
+
+    return AutoProcessor.from_pretrained(resolve_model(args.model))
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from ._cli_workflow import build_workflow
     from .data import concat_padded_tensors
     from .datasets import load_dataset
     from .executor import EngineConfig, open_rollout_engine
@@ -198,7 +213,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0)
-    workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
+    plan = args.workflow_plan
+    processor = await trio.to_thread.run_sync(_load_processor, args) if plan.needs_processor else None
+    workflow = build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor)
     config = EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
                           consumer_batch_size=args.consumer_batch_size or 1,
                           max_head_offpolicyness=args.max_head_offpolicyness,
@@ -228,6 +245,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "trajectories": len(rows),
         "reward_fallbacks": stats.reward_fallbacks,
+        "workflow": args.workflow,
+        "retokenization_drifts": stats.retokenization_drifts,
         "reward_mean": (sum(r["reward"] for r in rows) / len(rows)) if rows else 0.0,
         "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
         "generated_tokens": n_gen,
@@ -296,6 +315,7 @@ def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
                 "stop_reason": "length" if bool(traj["is_truncated"][i]) else "stop",
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(completion_ids),
+                **{key: traj[key][i].item() for key in ("num_turns", "retokenization_drift") if key in traj.keys()},
             })
     return rows
 

@@ -44,6 +44,7 @@ from tensordict import TensorDict
 from ._gc import gc_tuned
 from .backends.base import GenerationJob, InferenceBackend, PerRequestBackend, validate_response
 from .buffer import ResultBuffer
+from .chat import collect_drift_events
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
 from .errors import BackendError, failure_reason
@@ -198,6 +199,8 @@ class EngineStatistics:
     reward_fallbacks: int
     backend: dict[str, Any]
     rewards: Any
+    #: chat-template renderings that differed from the ids sent (:mod:`engine.chat`)
+    retokenization_drifts: int = 0
 
 
 @dataclass(eq=False)
@@ -263,6 +266,7 @@ class RolloutEngine:
         self._generated_tokens = 0
         self._segments_resumed = 0  # generation segments re-sent after an abort
         self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
+        self._retokenization_drifts = 0  # engine.chat drift events inside episodes
         self._data_iters: dict[int, Iterator[Any]] = {}
         self._inline = backend.serve_inline if isinstance(backend, PerRequestBackend) else None
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
@@ -508,12 +512,13 @@ class RolloutEngine:
 
         async def member(i: int) -> None:
             sample_index.set(i)  # task-local: each member runs in its own task (or context)
-            with collect_reward_outcomes() as scored:
+            with collect_reward_outcomes() as scored, collect_drift_events() as drifts:
                 try:
                     outcomes[i] = await task.workflow.arun_episode(self, task.data)
                 except Exception as exc:
                     outcomes[i] = _leaf(exc)
             self._reward_fallbacks += sum(o.is_fallback for o in scored)
+            self._retokenization_drifts += len(drifts)
 
         if task.group_size == 1:
             await member(0)  # the episode task's own context
@@ -779,6 +784,7 @@ class RolloutEngine:
             paused=self.paused, generated_tokens=self._generated_tokens,
             segments_resumed=self._segments_resumed, reward_fallbacks=self._reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
+            retokenization_drifts=self._retokenization_drifts,
         )
 
     def _close(self) -> None:

@@ -7,9 +7,11 @@ loaded on first attribute access through module ``__getattr__``.
 from __future__ import annotations
 
 
-__all__ = ["RLVRWorkflow", "RolloutWorkflow", "resolve_workflow"]
+__all__ = ["BUILTIN_WORKFLOWS", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "resolve_workflow"]
 
 _LAZY = {
+    "BUILTIN_WORKFLOWS": "workflows.registry",
+    "MultiTurnWorkflow": "workflows.multi_turn",
     "RLVRWorkflow": "workflows.rlvr",
     "RolloutWorkflow": "workflows.base",
     "resolve_workflow": "workflows.base",

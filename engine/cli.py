@@ -1,6 +1,7 @@
 """``rollout``: the command line.
 
-``rollout run`` turns a dataset into trajectories with the RLVR workflow and
+``rollout run`` turns a dataset into trajectories with a workflow (``--workflow``,
+default RLVR; see ``rollout run --help`` for the built-ins) and
 writes, into ``--out``:
 
 - ``trajectories/``: the padded batch, saved with TensorDict's own persistence
@@ -84,18 +85,19 @@ def _non_negative_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rollout", description="trio-rollout: a trio-native rollout engine for LLM RL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run the RLVR workflow over a dataset and write trajectories",
-                         description="Run the RLVR workflow (chat template -> generate -> reward in worker "
-                                     "processes) over a dataset; write trajectories/, rollouts.jsonl, summary.json.")
+    from ._cli_workflow import add_workflow_arguments, workflows_epilog
+
+    run = sub.add_parser("run", help="run a workflow (default RLVR) over a dataset and write trajectories",
+                         description="Run a workflow (default RLVR: chat template -> generate -> reward in worker "
+                                     "processes) over a dataset; write trajectories/, rollouts.jsonl, summary.json.",
+                         epilog=workflows_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workflow_arguments(run)
     run.add_argument("--model", default=None,
                      help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct; "
                           "builtin:tiny-vlm is a tiny random vision-language model, for --workflow vision_rlvr)")
     run.add_argument("--dataset", default="builtin:arith",
                      help="jsonl of {question, answer} rows (GSM8K format), builtin:arith[:N] (default), or "
                           "builtin:shapes[:N] (images: how many red shapes?, for --workflow vision_rlvr)")
-    run.add_argument("--workflow", default="rlvr", choices=("rlvr", "vision_rlvr"),
-                     help="rlvr (default): rows with messages; vision_rlvr: rows with images + messages, "
-                          "needs an image-text-to-text --model (its processor renders the prompt)")
     run.add_argument("--backend", default="hf", choices=("hf", "sim", "sglang", "vllm"),
                      help="inference backend (default hf: the model in this process)")
     run.add_argument("--server", action="append", default=[], metavar="URL",
@@ -150,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         _check_out(args.out)
+        from ._cli_workflow import plan_workflow
+
+        args.workflow_plan = plan_workflow(args)  # before the model loads: a typo fails at once
         summary = trio.run(_run, args)
     except (RolloutError, ValueError, OSError) as exc:
         print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
@@ -238,10 +243,19 @@ async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, 
                                 "servers": []}
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from rewards import gsm8k_reward
-    from workflows.rlvr import RLVRWorkflow
+def _load_processor(args: argparse.Namespace) -> Any:
+    """The multimodal processor of ``--model`` (for workflows that take ``processor=``)."""
+    from workflows.vision_rlvr import load_vision_processor
 
+    return load_vision_processor(args.model, flag=f"--workflow {args.workflow}")
+
+    from .models import resolve_model
+
+    return AutoProcessor.from_pretrained(resolve_model(args.model))
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from ._cli_workflow import build_workflow
     from .data import concat_padded_tensors
     from .datasets import load_dataset
     from .executor import open_rollout_engine
@@ -249,21 +263,21 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
-    items = load_dataset(args.dataset, args.limit, required=("answer",))  # the GSM8K reward's data key
+    from ._cli_workflow import DEFAULT_REWARD
+
+    required = ("answer",) if args.reward == DEFAULT_REWARD else ()  # the GSM8K reward's data key
+    items = load_dataset(args.dataset, args.limit, required=required)
     start = time.perf_counter()
     tokenizer, backend, used = await _setup_backend(args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0, seed=args.seed)
-    if args.workflow == "vision_rlvr":
-        from workflows.vision_rlvr import build_vision_workflow
-
-        workflow = await trio.to_thread.run_sync(build_vision_workflow, args, gsm8k_reward, gconfig, tokenizer)
-    else:
-        workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
+    plan = args.workflow_plan
+    processor = await trio.to_thread.run_sync(_load_processor, args) if plan.needs_processor else None
+    workflow = build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor)
     config = _engine_config(args)
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
         opened = time.perf_counter()  # start-up (model load, waiting for servers) ends here
-        await engine.reward_pool.check_reward_fn(gsm8k_reward, items[0])  # before any episode
+        await engine.reward_pool.check_reward_fn(plan.reward_fn, items[0])  # before any episode
         for item in items:
             engine.submit(item, workflow, group_size=args.group_size)
         results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)
@@ -287,6 +301,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "trajectories": len(rows),
         "reward_fallbacks": stats.reward_fallbacks,
+        "workflow": args.workflow,
+        "retokenization_drifts": stats.retokenization_drifts,
         "reward_mean": (sum(r["reward"] for r in rows) / len(rows)) if rows else 0.0,
         "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
         "generated_tokens": n_gen,
@@ -367,6 +383,7 @@ def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
                 "stop_reason": "length" if bool(traj["is_truncated"][i]) else "stop",
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(completion_ids),
+                **{key: traj[key][i].item() for key in ("num_turns", "retokenization_drift") if key in traj.keys()},
             })
     return rows
 

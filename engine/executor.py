@@ -47,6 +47,7 @@ from .backends.base import GenerationJob, InferenceBackend, PerRequestBackend, v
 from ._breaker import FailureBreaker, FailureLog
 from .buffer import ResultBuffer
 from .datastream import DataStream
+from .chat import collect_drift_events
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
 from .errors import (BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, failure_reason,
@@ -230,6 +231,8 @@ class EngineStatistics:
     breaker_trips: int = 0
     #: where prepare_batch is in its dataloader (:meth:`engine.datastream.DataStream.state_dict`), or None
     data_position: dict[str, Any] | None = None
+    #: chat-template renderings that differed from the ids sent (:mod:`engine.chat`)
+    retokenization_drifts: int = 0
 
 
 @dataclass(eq=False)
@@ -300,6 +303,7 @@ class RolloutEngine:
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
         self._failure_log = FailureLog(logger)
+        self._retokenization_drifts = 0  # engine.chat drift events inside episodes
         self._inline = backend.serve_inline if isinstance(backend, PerRequestBackend) else None
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
@@ -544,12 +548,13 @@ class RolloutEngine:
 
         async def member(i: int) -> None:
             sample_index.set(i)  # task-local: each member runs in its own task (or context)
-            with collect_reward_outcomes() as scored:
+            with collect_reward_outcomes() as scored, collect_drift_events() as drifts:
                 try:
                     outcomes[i] = await task.workflow.arun_episode(self, task.data)
                 except Exception as exc:
                     outcomes[i] = _leaf(exc)
             self._reward_fallbacks += sum(o.is_fallback for o in scored)
+            self._retokenization_drifts += len(drifts)
 
         if task.group_size == 1:
             await member(0)  # the episode task's own context
@@ -955,6 +960,7 @@ class RolloutEngine:
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
             breaker_open=self._breaker.open, breaker_trips=self._breaker.trips,
             data_position=self._feeder.stream.state_dict() if self._feeder is not None else None,
+            retokenization_drifts=self._retokenization_drifts,
         )
 
     def _withdraw_queued(self, task_ids: set[int], why: str) -> None:

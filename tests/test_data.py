@@ -40,13 +40,15 @@ def test_trajectory_rejects_mismatched_evidence():
         trajectory_from_response(bad, 0.0)
 
 
-def test_concat_pads_right_attention_mask_with_zero_and_others_with_pad_value():
+def test_concat_pads_attention_mask_with_zero_versions_turn_ids_with_minus_one_others_with_pad_value():
     a = trajectory_from_response(_resp(2, 1), 1.0)  # T=3
     b = trajectory_from_response(_resp(3, 2), 0.0)  # T=5
     out = concat_padded_tensors([a, b], pad_value=7)
     assert out.batch_size == torch.Size([2])
     assert out["input_ids"].tolist()[0] == [10, 11, 50, 7, 7]
     assert out["attention_mask"].tolist()[0] == [True, True, True, False, False]
+    assert out["versions"].tolist()[0] == [-1, -1, 3, -1, -1]  # -1: not a real version (0 is one)
+    assert out["turn_ids"].tolist()[0] == [-1, -1, 0, -1, -1]
     assert out["rewards"].tolist() == [1.0, 0.0]  # 1-D: concatenated unpadded
     for key, (_, dtype) in TRAJECTORY_SCHEMA.items():
         assert out[key].dtype == dtype

@@ -7,9 +7,12 @@ loaded on first attribute access through module ``__getattr__``.
 from __future__ import annotations
 
 
-__all__ = ["RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow", "resolve_workflow"]
+__all__ = ["BUILTIN_WORKFLOWS", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow",
+           "resolve_workflow"]
 
 _LAZY = {
+    "BUILTIN_WORKFLOWS": "workflows.registry",
+    "MultiTurnWorkflow": "workflows.multi_turn",
     "RLVRWorkflow": "workflows.rlvr",
     "RolloutWorkflow": "workflows.base",
     "VisionRLVRWorkflow": "workflows.vision_rlvr",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import importlib
 import inspect
 from typing import Any
 
@@ -51,24 +50,18 @@ class _RunAdapter(RolloutWorkflow):
 
 
 def _import_path(path: str) -> Any:
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise WorkflowError(f"workflow {path!r} is not a dotted path like 'workflows.rlvr.RLVRWorkflow'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise WorkflowError(f"workflow {path!r}: cannot import module {module_name!r}: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise WorkflowError(f"workflow {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+    from engine.imports import import_object
+
+    return import_object(path, error=WorkflowError, what="workflow")
 
 
 def resolve_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> RolloutWorkflow:
     """Turn a workflow spec into an instance.
 
     A spec is a :class:`RolloutWorkflow` instance, a class (instantiated with
-    ``workflow_kwargs``), a dotted import path to either, or any object with an
+    ``workflow_kwargs``), an import string naming either (``"pkg.module.Class"``,
+    ``"pkg.module:Class"`` or ``"path/to/file.py:Class"``, see
+    :mod:`engine.imports`), or any object with an
     ``async arun_episode(engine, data)`` or ``async run(engine, data)`` method.
 
     Raises:

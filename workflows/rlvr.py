@@ -14,8 +14,10 @@ from typing import Any
 
 import trio
 
-from engine.data import concat_padded_tensors, trajectory_from_response
+from engine.data import concat_padded_tensors
 from engine.executor import episode_id, sample_index
+from engine.imports import resolve_reward_fn
+from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
 
 from .base import RolloutWorkflow
@@ -59,7 +61,9 @@ class RLVRWorkflow(RolloutWorkflow):
     Args:
         reward_fn: ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)
             -> float``; picklable (it runs in a worker process), or an ``async def``
-            (runs in-process under the same timeout policy).
+            (runs in-process under the same timeout policy); or an import string
+            naming one (``"pkg.module:fn"``, ``"path/to/file.py:fn"``), resolved
+            and checked here (:func:`engine.imports.resolve_reward_fn`).
         gconfig: sampling parameters; stop/pad ids of ``tokenizer`` are merged in.
             Validated here (:class:`~engine.errors.InvalidRequestError` naming the
             field, e.g. ``n_samples must be >= 1``).
@@ -79,11 +83,16 @@ class RLVRWorkflow(RolloutWorkflow):
     the fields of ``engine.data.TRAJECTORY_SCHEMA`` plus ``reward_is_fallback
     [n_samples] bool`` (the reward timed out on every attempt and is the pool's
     fallback value).
+
+    Raises:
+        RewardError: ``reward_fn`` cannot be resolved, is not callable, or cannot
+            be sent to a reward worker process (one error at construction, not one
+            per episode).
     """
 
     def __init__(
         self,
-        reward_fn: Callable[..., Any],
+        reward_fn: Callable[..., Any] | str,
         gconfig: GenerationHyperparameters,
         tokenizer: Any,
         enable_thinking: bool | None = None,
@@ -93,7 +102,7 @@ class RLVRWorkflow(RolloutWorkflow):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.reward_fn = reward_fn
+        self.reward_fn = resolve_reward_fn(reward_fn)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.gconfig.validate()  # n_samples=0 etc.: refused here, before any episode runs

@@ -228,26 +228,31 @@ def encode_images(images: list[tuple[Any, bytes | None]]) -> list[str] | None:
     return encoded
 
 
-def build_vision_workflow(args: Any, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
-                          tokenizer: Any) -> VisionRLVRWorkflow:
-    """The CLI's ``--workflow vision_rlvr``: a :class:`VisionRLVRWorkflow` whose processor
-    is loaded from ``args.model`` (resolved by :func:`engine.models.resolve_model`, e.g.
-    ``builtin:tiny-vlm``) with ``AutoProcessor``.
+def load_vision_processor(model: str | None, *, flag: str = "--workflow vision_rlvr") -> Any:
+    """The ``AutoProcessor`` of ``model`` (resolved by :func:`engine.models.resolve_model`,
+    e.g. ``builtin:tiny-vlm``).
 
     Raises:
-        InvalidRequestError: the model folder has no processor (not a vision model).
+        InvalidRequestError: the model folder has no image processor (not a vision model).
     """
     from transformers import AutoProcessor
 
     from engine.models import resolve_model
 
-    path = resolve_model(args.model)
+    path = resolve_model(model)
     try:
         processor = AutoProcessor.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:
-        raise InvalidRequestError(f"--workflow vision_rlvr: model {args.model!r} has no image processor "
+        raise InvalidRequestError(f"{flag}: model {model!r} has no image processor "
                                   f"({exc}); use an image-text-to-text model such as builtin:tiny-vlm") from None
     if not hasattr(processor, "image_processor"):
-        raise InvalidRequestError(f"--workflow vision_rlvr: model {args.model!r} has no image processor; use an "
+        raise InvalidRequestError(f"{flag}: model {model!r} has no image processor; use an "
                                   "image-text-to-text model such as builtin:tiny-vlm")
-    return VisionRLVRWorkflow(reward_fn, gconfig, tokenizer, processor)
+    return processor
+
+
+def build_vision_workflow(args: Any, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
+                          tokenizer: Any) -> VisionRLVRWorkflow:
+    """A :class:`VisionRLVRWorkflow` whose processor is loaded from ``args.model``
+    (:func:`load_vision_processor`)."""
+    return VisionRLVRWorkflow(reward_fn, gconfig, tokenizer, load_vision_processor(args.model))

@@ -1,0 +1,101 @@
+"""Unit tier: trajectories built from segments (engine.trajectory) and the
+per-field padding of concat_padded_tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.data import TRAJECTORY_PAD_VALUES, TRAJECTORY_SCHEMA, concat_padded_tensors
+from engine.trajectory import Injected, Sampled, build_trajectory, trajectory_from_response
+from engine.types import ModelResponse
+
+
+def _resp(inp, out, *, lp=None, versions=None, stop="stop"):
+    return ModelResponse(input_tokens=list(inp), output_tokens=list(out),
+                         output_logprobs=lp if lp is not None else [-0.25 * (k + 1) for k in range(len(out))],
+                         output_versions=versions if versions is not None else [0] * len(out), stop_reason=stop)
+
+
+def test_segments_give_every_field_its_documented_value():
+    r0 = _resp([10, 11, 12], [50, 51], lp=[-0.5, -1.5], versions=[3, 3], stop="length")
+    r1 = _resp([], [60, 61, 62], lp=[-0.1, -0.2, -0.3], versions=[4, 4, 5], stop="stop")
+    td = build_trajectory([Injected([10, 11, 12]), Sampled(r0, 0), Injected([7, 8]), Sampled(r1, 1)], 0.75)
+    assert td.batch_size == torch.Size([1])
+    assert td["input_ids"].tolist() == [[10, 11, 12, 50, 51, 7, 8, 60, 61, 62]]
+    assert td["loss_mask"].tolist() == [[0, 0, 0, 1, 1, 0, 0, 1, 1, 1]]
+    assert td["logprobs"].tolist() == [pytest.approx([0, 0, 0, -0.5, -1.5, 0, 0, -0.1, -0.2, -0.3])]
+    assert td["versions"].tolist() == [[-1, -1, -1, 3, 3, -1, -1, 4, 4, 5]]
+    assert td["turn_ids"].tolist() == [[-1, -1, -1, 0, 0, -1, -1, 1, 1, 1]]
+    assert td["attention_mask"].all()
+    assert td["rewards"].tolist() == [0.75]
+    assert td["is_truncated"].tolist() == [False]  # the last turn stopped
+    for key, (dims, dtype) in TRAJECTORY_SCHEMA.items():
+        assert td[key].dtype == dtype, key
+        assert td[key].shape == ((1, 10) if dims == "BT" else (1,)), key
+
+
+def test_bare_lists_and_responses_number_turns_in_order():
+    r0, r1 = _resp([1], [5], stop="stop"), _resp([], [6, 7], stop="length")
+    td = build_trajectory([[1, 2], r0, (3,), r1], 0.0)
+    assert td["turn_ids"].tolist() == [[-1, -1, 0, -1, 1, 1]]
+    assert td["is_truncated"].tolist() == [True]  # default: the last sampled segment hit the budget
+    assert build_trajectory([[1, 2], r1], 0.0, is_truncated=False)["is_truncated"].tolist() == [False]
+    assert build_trajectory([[1, 2]], 0.0)["is_truncated"].tolist() == [False]  # nothing sampled
+
+
+def test_extra_fields_and_fallback_flag_get_batch_one_tensors():
+    td = build_trajectory([[1], _resp([1], [2])], 1.0, reward_is_fallback=True,
+                          extra={"num_turns": 3, "retokenization_drift": False, "score": 0.5,
+                                 "vec": torch.zeros(1, 4)})
+    assert td["reward_is_fallback"].dtype == torch.bool and td["reward_is_fallback"].tolist() == [True]
+    assert td["num_turns"].dtype == torch.int32 and td["num_turns"].tolist() == [3]
+    assert td["retokenization_drift"].dtype == torch.bool and td["retokenization_drift"].tolist() == [False]
+    assert td["score"].dtype == torch.float32 and td["vec"].shape == (1, 4)
+    with pytest.raises(ValueError, match="'rewards'.*clashes"):
+        build_trajectory([[1]], 0.0, extra={"rewards": 1.0})
+    with pytest.raises(ValueError, match="batch size 1"):
+        build_trajectory([[1]], 0.0, extra={"vec": torch.zeros(2, 4)})
+    with pytest.raises(TypeError, match="extra\\['s'\\]"):
+        build_trajectory([[1]], 0.0, extra={"s": "text"})
+
+
+def test_bad_segments_are_errors_naming_the_segment():
+    with pytest.raises(ValueError, match="at least one token"):
+        build_trajectory([[], _resp([], [])], 0.0)
+    bad = _resp([1], [2, 3])
+    bad.output_logprobs = [-1.0]
+    with pytest.raises(ValueError, match=r"segments\[1\].*2 output_tokens but 1 output_logprobs"):
+        build_trajectory([[1], bad], 0.0)
+    with pytest.raises(ValueError, match=r"segments\[0\].*turn_id"):
+        build_trajectory([Sampled(_resp([], [2]), -1)], 0.0)
+    with pytest.raises(TypeError, match=r"segments\[1\].*str"):
+        build_trajectory([[1], "abc"], 0.0)
+
+
+def test_single_turn_is_the_two_segment_case():
+    resp = _resp([7, 8, 9], [20, 21, 22, 23], versions=[4, 4, 5, 5], stop="length")
+    a = trajectory_from_response(resp, 0.5, turn_id=2, reward_is_fallback=False)
+    b = build_trajectory([Injected(resp.input_tokens), Sampled(resp, 2)], 0.5, reward_is_fallback=False)
+    assert set(a.keys()) == set(b.keys())
+    for key in a.keys():
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_concat_pads_versions_and_turn_ids_with_minus_one():
+    short = build_trajectory([[1], _resp([1], [2], versions=[0])], 1.0)  # T = 2
+    long = build_trajectory([[1, 2], _resp([1], [3, 4, 5], versions=[0, 0, 1])], 0.0)  # T = 5
+    out = concat_padded_tensors([short, long])
+    assert out["versions"].tolist()[0] == [-1, 0, -1, -1, -1]  # 0 would read as "generated by version 0"
+    assert out["turn_ids"].tolist()[0] == [-1, 0, -1, -1, -1]
+    assert out["input_ids"].tolist()[0] == [1, 2, 0, 0, 0]
+    # every per-token field pads with the documented value
+    for key, (dims, _) in TRAJECTORY_SCHEMA.items():
+        if dims == "BT":
+            assert out[key][0, 2:].eq(TRAJECTORY_PAD_VALUES[key]).all(), key
+    # pad_value applies to the other fields; pad_values overrides per key, never attention_mask
+    out = concat_padded_tensors([short, long], pad_value=9, pad_values={"turn_ids": -7, "attention_mask": 1})
+    assert out["input_ids"].tolist()[0] == [1, 2, 9, 9, 9]
+    assert out["versions"].tolist()[0] == [-1, 0, -1, -1, -1]
+    assert out["turn_ids"].tolist()[0] == [-1, 0, -7, -7, -7]
+    assert out["attention_mask"].tolist()[0] == [True, True, False, False, False]

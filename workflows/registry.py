@@ -1,0 +1,51 @@
+"""The built-in workflows by name (``rollout run --workflow NAME``), imported lazily.
+
+Each entry says where the class lives and what it needs from a dataset row, so
+that ``rollout run --help`` can list them without importing any of them.
+Anything else given to ``--workflow`` is an import string (``"pkg.module:Class"``,
+``"pkg.module.Class"`` or ``"path/to/file.py:Class"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BUILTIN_WORKFLOWS", "BuiltinWorkflow"]
+
+
+@dataclass(frozen=True)
+class BuiltinWorkflow:
+    """A built-in workflow.
+
+    Attributes:
+        path: import string of the class.
+        row: what the workflow needs from a dataset row (for ``--help``).
+        summary: one line on what it does.
+        needs_processor: the constructor also takes ``processor=`` (a
+            transformers multimodal processor).
+    """
+
+    path: str
+    row: str
+    summary: str
+    needs_processor: bool = False
+
+
+BUILTIN_WORKFLOWS: dict[str, BuiltinWorkflow] = {
+    "rlvr": BuiltinWorkflow(
+        "workflows.rlvr.RLVRWorkflow",
+        row="'messages' (rollout run builds it from 'question'); other keys reach the reward (gsm8k: 'answer')",
+        summary="single-turn RL with a verifiable reward",
+    ),
+    "multi_turn": BuiltinWorkflow(
+        "workflows.multi_turn.MultiTurnWorkflow",
+        row="as rlvr; kwargs max_turns, turn_discount, feedback",
+        summary="answer, get feedback when the reward is not positive, try again (token-exact)",
+    ),
+    "vision_rlvr": BuiltinWorkflow(
+        "workflows.vision_rlvr.VisionRLVRWorkflow",
+        row="'images' (PIL images, file paths or bytes) and 'messages'; other keys reach the reward",
+        summary="single-turn RLVR on images through a multimodal processor",
+        needs_processor=True,
+    ),
+}

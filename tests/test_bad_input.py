@@ -208,11 +208,9 @@ async def test_reward_functions_are_checked_at_start_up(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_with_zero_accepted_episodes_exits_non_zero_with_one_line(tmp_path, capsys, monkeypatch):
-    import rewards
-
-    monkeypatch.setattr(rewards, "gsm8k_reward", fx.raise_value_error)
     out = tmp_path / "out"
     code, _, err = _cli(["run", "--backend", "sim", "--quiet", "--dataset", "builtin:arith:2", "--n-samples", "1",
+                         "--reward", f"{fx.__file__}:raise_value_error",
                          "--max-new-tokens", "4", "--reward-timeout", "10", "--out", str(out)], capsys)
     assert code == 1
     lines = [line for line in err.strip().splitlines() if not line.startswith("WARNING")]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "BackendStatistics",
     "DatasetError",
     "EngineConfig",
     "EngineStatistics",
     "EpisodeResult",
     "GenerationHyperparameters",
-    "GenerationJob",
     "HFBackend",
     "InferenceBackend",
     "InvalidRequestError",
@@ -29,6 +29,7 @@ __all__ = [
     "SimBackend",
     "SimConfig",
     "TRAJECTORY_SCHEMA",
+    "WeightSync",
     "WorkflowError",
     "concat_padded_tensors",
     "open_rollout_engine",
@@ -37,12 +38,12 @@ __all__ = [
 
 _LAZY = {
     "BackendError": "engine.errors",
+    "BackendStatistics": "engine.backends.base",
     "DatasetError": "engine.errors",
     "EngineConfig": "engine.executor",
     "EngineStatistics": "engine.executor",
     "EpisodeResult": "engine.executor",
     "GenerationHyperparameters": "engine.types",
-    "GenerationJob": "engine.backends.base",
     "HFBackend": "engine.backends.hf",
     "InferenceBackend": "engine.backends.base",
     "InvalidRequestError": "engine.errors",
@@ -57,6 +58,7 @@ _LAZY = {
     "SimBackend": "engine.backends.sim",
     "SimConfig": "engine.backends.sim",
     "TRAJECTORY_SCHEMA": "engine.data",
+    "WeightSync": "engine.backends.base",
     "WorkflowError": "engine.errors",
     "concat_padded_tensors": "engine.data",
     "open_rollout_engine": "engine.executor",

@@ -305,6 +305,8 @@ def _plain(obj: Any) -> Any:
         return obj
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
     return repr(obj)

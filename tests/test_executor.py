@@ -139,7 +139,7 @@ async def test_aborted_generation_is_resumed_with_prompt_plus_partial_output(rew
     async def handler(req, budget):
         calls.append((list(req.input_ids), budget))
         if len(calls) == 1:  # interrupted after 2 tokens; a weight update lands
-            backend.version = 1
+            engine.set_version(1)  # a weight update lands (the engine tells the backend)
             return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[5, 6], output_logprobs=[-1.0, -1.0],
                                  output_versions=[0, 0], stop_reason="abort")
         return _ok(req, budget, n=2, version=backend.version)

@@ -145,7 +145,7 @@ async def test_tokens_and_logprobs_match_teacher_forcing(servers, models, reward
     first = greedy.output_tokens.index(stop_at) + 1
     assert stopped.output_tokens == greedy.output_tokens[:first] and stopped.stop_reason == "stop"
     assert info["weight_version"] == "0" and info["model_path"] == models[0]
-    assert backend.statistics()["servers"][0]["weight_version"] == "0"
+    assert backend.statistics().servers[0]["weight_version"] == "0"
 
 
 async def test_cancel_and_disconnect_stop_server_work(servers, reward_pool):
@@ -170,7 +170,7 @@ async def test_cancel_and_disconnect_stop_server_work(servers, reward_pool):
                 await wait_load(lambda n: n == 1)
                 nursery.cancel_scope.cancel()
             await wait_load(lambda n: n == 0)
-            assert backend.statistics()["aborts_sent"] == 1
+            assert backend.statistics().aborts_sent == 1
             before = await counters()
             async with httpx.AsyncClient() as client:  # 2. a bare client that goes away: no abort call
                 body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
@@ -210,7 +210,7 @@ async def test_pause_update_weights_continue(servers, models, reward_pool):
     assert resp.output_tokens == argmax.tolist()
     assert torch.allclose(torch.tensor(resp.output_logprobs), lp, atol=1e-3)
     stats = backend.statistics()
-    assert stats["empty_aborts"] >= 1 and stats["weight_version_mismatches"] == 0, stats
+    assert stats.empty_aborts >= 1 and stats.weight_version_mismatches == 0, stats
 
 
 class OneShot(RolloutWorkflow):
@@ -246,11 +246,11 @@ async def test_three_servers_one_killed_mid_run(servers, models, reward_pool):
     assert all(r.status == "accepted" for r in results), [r for r in results if r.status != "accepted"][:3]
     rewards = sorted(float(r.trajectory["rewards"][0]) for r in results)
     assert rewards == [float(i) for i in range(100)]
-    per_server = {s["url"]: s for s in stats["servers"]}
-    assert not per_server[urls[0]]["healthy"] and per_server[urls[0]]["ejections"] == 1, stats
+    per_server = {s.url: s for s in stats.servers}
+    assert not per_server[urls[0]].healthy and per_server[urls[0]].ejections == 1, stats
     # the interrupted requests were re-sent elsewhere (an answer already on the wire at the kill is not)
-    assert stats["retries"] >= 1 and stats["requests_failed"] == 0, stats
-    requests = [per_server[u]["requests"] for u in urls]
+    assert stats.retries >= 1 and stats.requests_failed == 0, stats
+    requests = [per_server[u].requests for u in urls]
     assert min(requests[1:]) >= 25, stats  # spread over the survivors
     assert requests[0] >= 5, stats  # the killed one had its share before it died
 

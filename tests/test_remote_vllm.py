@@ -193,10 +193,10 @@ async def test_abort_by_choice_id_and_client_disconnect_stop_server_work(vllm, r
                 await wait_running(url, lambda n: n >= 1)
                 nursery.cancel_scope.cancel()
             await wait_running(url, lambda n: n == 0)
-            while not backend.statistics()["aborts_sent"]:
+            while not backend.statistics().aborts_sent:
                 await trio.sleep(0.01)
     stats = backend.statistics()
-    assert stats["aborts_sent"] == 1 and stats["aborts_failed"] == 0
+    assert stats.aborts_sent == 1 and stats.aborts_failed == 0
 
 
 async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):

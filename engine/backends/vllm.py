@@ -39,6 +39,8 @@ the pool, between ``/pause?mode=abort`` and ``/resume``.  A server without dev m
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import BackendError
@@ -115,14 +117,18 @@ class VLLMBackend(RemoteBackend):
         return [("POST", "/collective_rpc", rpc, None),
                 ("POST", "/update_weight_version", {"new_version": str(version)}, None)]
 
+    async def pause(self, mode: str = "abort") -> None:
+        with _dev_mode_hint():
+            await super().pause(mode)
+
+    async def resume(self) -> None:
+        with _dev_mode_hint():
+            await super().resume()
+
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
-        try:
+        with _dev_mode_hint():
             await super().update_weights(source, version=version, mode=mode)
-        except BackendError as exc:
-            if "HTTP 404" in str(exc):
-                raise BackendError(f"{exc} (vLLM serves /collective_rpc and /update_weight_version only with "
-                                   "VLLM_SERVER_DEV_MODE=1)") from exc
-            raise
+
 
     async def prepare(self, server) -> None:
         if self.model is not None:
@@ -194,3 +200,15 @@ class VLLMBackend(RemoteBackend):
 
     def continue_call(self):
         return "POST", "/resume", None, None
+
+
+@contextmanager
+def _dev_mode_hint() -> Iterator[None]:
+    """A 404 from a control route means the server runs without dev mode: say so."""
+    try:
+        yield
+    except BackendError as exc:
+        if "HTTP 404" in str(exc):
+            raise BackendError(f"{exc} (vLLM serves /pause, /resume, /collective_rpc and /update_weight_version "
+                               "only with VLLM_SERVER_DEV_MODE=1)") from exc
+        raise

@@ -1,4 +1,4 @@
-"""Unit tier: the engine's backend actor, channel round trip, and accounting
+"""Unit tier: the engine's one dispatch path (backend.generate), and accounting
 (mock and sim backends, in-process reward pool, virtual time)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _req(n_prompt=4, **g):
     return ModelRequest(input_ids=list(range(1, n_prompt + 1)), gconfig=GenerationHyperparameters(**g))
 
 
-async def test_agenerate_round_trip_through_the_actor(reward_pool):
+async def test_agenerate_round_trip_through_the_backend(reward_pool):
     seen = []
 
     async def handler(req, budget):

@@ -429,7 +429,7 @@ class ParsedGeneration:
 
 
 class RemoteBackend(PerRequestBackend):
-    """A pool of inference servers behind one backend actor (see the module docstring).
+    """A pool of inference servers behind one backend (see the module docstring).
 
     Subclasses set ``kind``, ``generate_path``, ``health_path``, ``pause_modes``,
     ``sync_pause_modes`` and implement :meth:`build_payload`, :meth:`parse_generation`,

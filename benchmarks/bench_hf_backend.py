@@ -110,7 +110,7 @@ def main() -> None:
                  "tokens": tokens, "wall_s": wall})
     tokens, wall, stats = trio.run(engine_generate, model, tok, prompts, args.new_tokens, True)
     rows.append({"mode": f"engine static, {len(prompts)} concurrent", "requests": len(prompts), "tokens": tokens,
-                 "wall_s": wall, "batch_occupancy": stats["batch_occupancy"]})
+                 "wall_s": wall, "batch_occupancy": stats.batch_occupancy})
     tokens, wall, stats = trio.run(engine_generate, model, tok, prompts, args.new_tokens, True, "continuous")
     rows.append({"mode": f"engine continuous, {len(prompts)} concurrent", "requests": len(prompts), "tokens": tokens,
                  "wall_s": wall})

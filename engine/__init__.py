@@ -9,12 +9,12 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "BackendStatistics",
     "DatasetError",
     "EngineConfig",
     "EngineStatistics",
     "EpisodeResult",
     "GenerationHyperparameters",
-    "GenerationJob",
     "HFBackend",
     "InferenceBackend",
     "Injected",
@@ -34,6 +34,7 @@ __all__ = [
     "TRAJECTORY_PAD_VALUES",
     "TRAJECTORY_SCHEMA",
     "TokenConversation",
+    "WeightSync",
     "WorkflowError",
     "build_trajectory",
     "collect_drift_events",
@@ -48,12 +49,12 @@ __all__ = [
 
 _LAZY = {
     "BackendError": "engine.errors",
+    "BackendStatistics": "engine.backends.base",
     "DatasetError": "engine.errors",
     "EngineConfig": "engine.executor",
     "EngineStatistics": "engine.executor",
     "EpisodeResult": "engine.executor",
     "GenerationHyperparameters": "engine.types",
-    "GenerationJob": "engine.backends.base",
     "HFBackend": "engine.backends.hf",
     "InferenceBackend": "engine.backends.base",
     "Injected": "engine.trajectory",
@@ -73,6 +74,7 @@ _LAZY = {
     "TRAJECTORY_PAD_VALUES": "engine.data",
     "TRAJECTORY_SCHEMA": "engine.data",
     "TokenConversation": "engine.chat",
+    "WeightSync": "engine.backends.base",
     "WorkflowError": "engine.errors",
     "build_trajectory": "engine.trajectory",
     "collect_drift_events": "engine.chat",

@@ -388,7 +388,7 @@ async def _drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                     staleness_histogram=staleness_histogram(stale), reward_latency_p50_s=_r(p50),
                     reward_latency_p99_s=_r(p99), reward_workers=pool.max_workers,
                     reward_fallbacks=pool_stats.fallbacks, reward_mean=_r(reward_sum / max(1, counts["accepted"])),
-                    token_pool_digest=pool_digest(backend._tok_pool), backend=backend.statistics())
+                    token_pool_digest=pool_digest(backend._tok_pool), backend=asdict(backend.statistics()))
 
 
 class _TimedPool:
@@ -441,7 +441,7 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
         prompt, tokens, logprobs, versions = list(req.input_ids), [], [], []
         while True:  # resume an aborted request, as the engine does
             seg = req if not tokens else replace(req, input_ids=prompt + tokens)
-            resp = await backend.serve_inline(seg, budget - len(tokens))  # straight to the server (counted)
+            resp = await backend.generate(seg, budget - len(tokens))  # straight to the server (counted)
             validate_response(resp, seg)
             tokens += resp.output_tokens
             logprobs += resp.output_logprobs
@@ -483,17 +483,14 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
 
     async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.reward_batch_size) as real_pool:
         pool = _TimedPool(real_pool)
-        async with trio.open_nursery() as nursery:
-            for phase in ("warmup", "measure"):
-                backend = SimBackend(sim, record=cfg.record and phase == "measure", token_pool=pool_ids)
-                jobs_send, jobs_recv = trio.open_memory_channel(0)  # no jobs: run() only drives the sim's clock
-                await nursery.start(backend.run, jobs_recv)
+        for phase in ("warmup", "measure"):
+            backend = SimBackend(sim, record=cfg.record and phase == "measure", token_pool=pool_ids)
+            async with backend.open():  # the sim's event clock
                 counts: dict[str, Any] = {"accepted": 0, "rejected": 0, "failed": 0}
                 if phase == "warmup":
                     if cfg.warmup:
                         await run_batch(backend, pool, [bench_item(i, warmup=True, seed=cfg.seed)
                                                           for i in range(cfg.warmup)], counts)
-                    jobs_send.close()
                     continue
                 meter = Meter()
                 first_batch_s, max_inflight, version, done = None, 0, 0, 0
@@ -509,11 +506,11 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                     if first_batch_s is None:
                         first_batch_s = time.perf_counter() - meter.t0
                     max_inflight = max(max_inflight, backend.peak_in_progress)
-                    backend.version = version = version + 1
+                    version += 1
+                    backend.set_version(version)
                     meter.sample(done)
                 wall = time.perf_counter() - meter.t0
                 latencies = pool.latencies
-                jobs_send.close()
                 measured = meter.result(wall_s=wall, episodes=cfg.episodes, generated_tokens=generated,
                                         max_inflight=max_inflight, keep_samples=False)
     return _summary("naive", cfg, counts, measured, requests=_records(backend), time_to_first_batch_s=_r(first_batch_s),
@@ -521,7 +518,7 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                     reward_latency_p50_s=_r(percentile(latencies, 0.5)),
                     reward_latency_p99_s=_r(percentile(latencies, 0.99)), reward_workers=pool.max_workers,
                     reward_mean=_r(reward_sum / max(1, counts["accepted"])), token_pool_digest=pool_digest(backend._tok_pool),
-                    backend=backend.statistics())
+                    backend=asdict(backend.statistics()))
 
 
 # -- running sides ------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ import trio
 from tensordict import TensorDict
 
 from ._gc import gc_tuned
-from .backends.base import GenerationJob, InferenceBackend, PerRequestBackend, validate_response
 from ._breaker import FailureBreaker, FailureLog
+from .backends.base import BackendStatistics, InferenceBackend, WeightSync, validate_response
 from .buffer import ResultBuffer
 from .datastream import DataStream
 from .chat import collect_drift_events
@@ -223,7 +223,7 @@ class EngineStatistics:
     generated_tokens: int
     segments_resumed: int
     reward_fallbacks: int
-    backend: dict[str, Any]
+    backend: BackendStatistics
     rewards: Any
     #: the failure breaker is open (prepare_batch stopped refilling; see EngineConfig)
     breaker_open: bool = False
@@ -274,12 +274,12 @@ class _Feeder:
 class RolloutEngine:
     """Created by :func:`open_rollout_engine`; do not instantiate directly."""
 
-    def __init__(self, nursery: trio.Nursery, backend: InferenceBackend, jobs: trio.MemorySendChannel,
+    def __init__(self, nursery: trio.Nursery, backend: InferenceBackend,
                  reward_pool: Any, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
         self._nursery = nursery
         self._dumper = dumper
         self.backend = backend
-        self._jobs = jobs
+        self._version = backend.version  # the engine owns it from here on (set_version)
         self.reward_pool = reward_pool
         self.config = config
         self._staleness = StalenessManager(config.max_concurrent_rollouts, config.consumer_batch_size,
@@ -304,17 +304,13 @@ class RolloutEngine:
                                        config.failure_breaker_rate)
         self._failure_log = FailureLog(logger)
         self._retokenization_drifts = 0  # engine.chat drift events inside episodes
-        self._inline = backend.serve_inline if isinstance(backend, PerRequestBackend) else None
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        """Generate a completion for ``req`` on the backend.
-
-        A per-request backend (``SimBackend``, ``MockBackend``, the remote HTTP
-        backends) serves it on the caller's task (:meth:`PerRequestBackend.serve_inline`:
-        its actor keeps shared state such as the sim's clock); a batching backend
-        (``HFBackend``) receives it as a job over the actor's channel.
+        """Generate a completion for ``req`` on the backend: each segment is one
+        ``await backend.generate(request, budget)`` on the caller's task (a batching
+        backend queues it inside itself).
 
         Each segment waits while the engine is paused, then tags its tokens with
         the version read before it is sent (AReaL PR #1569).  An interrupted
@@ -342,12 +338,12 @@ class RolloutEngine:
         start = trio.current_time()
         ttft = None
         while True:
-            if not self._unpaused.is_set():  # (no schedule point when not paused: the send below has one)
+            if not self._unpaused.is_set():  # (no schedule point when not paused)
                 await self._unpaused.wait()
             segment_req = req if not tokens else replace(
                 req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
                 gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))
-            resp = await self._send_job(segment_req, budget - len(tokens))
+            resp = await self.backend.generate(segment_req, budget - len(tokens))
             validate_response(resp, segment_req)
             if ttft is None:
                 ttft = resp.ttft
@@ -371,62 +367,59 @@ class RolloutEngine:
             tokenizer=req.tokenizer, processor=req.processor,
         )
 
-    async def _send_job(self, req: ModelRequest, budget: int) -> ModelResponse:
-        if self._inline is not None:
-            return await self._inline(req, budget)
-        reply_send, reply_recv = trio.open_memory_channel(1)
-        job = GenerationJob(req, budget, reply_send, enqueued_at=trio.current_time())
-        try:
-            with reply_recv:
-                await self._jobs.send(job)
-                result = await reply_recv.receive()
-        except BaseException:
-            job.withdraw()  # skipped if still queued, interrupted if running
-            raise
-        return result.unwrap()
-
     # -- version, pause ------------------------------------------------------------
     @property
     def version(self) -> int:
-        """The current policy version, owned by the backend (tokens generated now
-        are tagged with it)."""
-        return self.backend.version
+        """The current policy version (tokens generated now are tagged with it).  The
+        engine owns it; :meth:`set_version` tells the backend."""
+        return self._version
 
     def set_version(self, version: int) -> None:
-        """Set the policy version; wakes admission at once and re-checks the
-        staleness of buffered trajectories."""
-        self.backend.version = version
+        """Set the policy version: tells the backend (segments sent from now on carry
+        it), re-checks the staleness of buffered trajectories and wakes admission, all
+        at once (every version change goes through here)."""
+        self._version = version
+        self.backend.set_version(version)
         self._recheck_buffer()
         self._admission.unpark_all()
 
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
-        """Swap the policy's weights mid-rollout (partial rollout).
+        """Swap the policy's weights mid-rollout (partial rollout), through the
+        backend's :class:`~engine.backends.base.WeightSync` interface.
 
-        Dispatch of new episodes and generation segments pauses; the backend
-        either aborts in-flight generations (they are resumed afterwards by
-        re-sending prompt + partial output) or parks them in place; the weights
-        load; the version becomes ``version``; dispatch resumes.  Every episode in
+        Dispatch of new episodes and generation segments pauses; the backend pauses
+        (``"abort"``: in-flight generations return their partial output, resumed
+        afterwards by re-sending prompt + partial output; ``"in_place"``: they park
+        between two decoding steps); the weights load; the version becomes ``version``
+        (:meth:`set_version`); the backend and dispatch resume.  Every episode in
         flight completes, with per-token versions showing the boundary.
 
         Args:
-            source: a state dict or a checkpoint folder (backend-specific).
-            mode: ``"abort"`` or ``"in_place"``.
+            source: a checkpoint folder (every backend; the servers must see the same
+                path) or a state dict (the ``hf`` backend).
+            mode: ``"abort"`` or ``"in_place"`` (``hf`` only).
 
         Raises:
-            BackendError: the backend cannot update weights, or the new weights do
-                not fit (the old weights and version stay; dispatch resumes).
+            BackendError: the backend does not implement ``WeightSync`` (naming it),
+                cannot honour ``mode``, or the new weights do not load (the old
+                weights and version stay; dispatch resumes).
         """
-        update = getattr(self.backend, "update_weights", None)
-        if update is None:
-            raise BackendError(f"{type(self.backend).__name__} does not support weight updates")
+        sync = self.backend
+        if not isinstance(sync, WeightSync):
+            raise BackendError(f"{type(sync).__name__} does not support weight updates "
+                               "(it does not implement engine.backends.base.WeightSync: pause, resume, update_weights)")
         was_paused = self.paused
         self.pause()
         try:
-            await update(source, version=version, mode=mode)
+            try:
+                await sync.pause(mode)
+                await sync.update_weights(source, version=version, mode=mode)
+                self.set_version(version)  # before the backend resumes: queued segments start tagged with it
+            finally:
+                await sync.resume()
         finally:
             if not was_paused:
                 self.resume()
-        self.set_version(version)
 
     def restore(self, version: int) -> None:
         """Resume after loading a checkpoint taken at ``version``: sets the version
@@ -990,7 +983,7 @@ class RolloutEngine:
 @asynccontextmanager
 async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | None = None, *,
                               reward_pool: Any = None, tokenizer: Any = None) -> AsyncIterator[RolloutEngine]:
-    """Open an engine: the backend actor, the admission actor, the reward worker
+    """Open an engine: the backend (:meth:`InferenceBackend.open`), the admission actor, the reward worker
     pool, the dump writer and every episode task live in this scope.  Leaving it
     cancels episodes still running or queued (recorded as failed, reason
     ``"cancelled"``; finished trajectories are kept), withdraws their generation
@@ -1034,17 +1027,14 @@ async def _open_engine(backend: InferenceBackend, config: EngineConfig, reward_p
             if dumper is not None:
                 await services.start(dumper.run)
             try:
-                async with trio.open_nursery() as nursery:
-                    jobs_send, jobs_recv = trio.open_memory_channel(config.max_concurrent_rollouts)
-                    await nursery.start(backend.run, jobs_recv)
-                    engine = RolloutEngine(nursery, backend, jobs_send, pool, config, dumper)
+                async with backend.open(), trio.open_nursery() as nursery:  # episodes end before the backend
+                    engine = RolloutEngine(nursery, backend, pool, config, dumper)
                     nursery.start_soon(engine._admit_forever, name="admission")
                     try:
                         yield engine
                     finally:
                         engine._close()
                         nursery.cancel_scope.cancel()
-                        jobs_send.close()
             finally:
                 if dumper is not None:
                     dumper.close()  # the writer drains what is queued, then returns

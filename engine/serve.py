@@ -26,26 +26,32 @@ Routes (SGLang wire format, ``SERVERS_AND_MODELS.md`` §1):
   the request answers at once with ``finish_reason`` ``abort`` and **no tokens** (the ``hf``
   backend does not hand back a withdrawn row's partial output; SGLang's "abort before
   prefill" looks the same).
-- ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``: new requests wait;
-  ``abort`` (default) also aborts running ones, the other modes let them finish.
+- ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``: new requests wait
+  and the model pauses (:class:`~engine.backends.base.WeightSync`): ``abort`` (default) stops
+  the running batch, whose requests answer ``abort`` *with their partial tokens*, and answers
+  requests not yet decoding ``abort`` with none (a client re-sends both after the pause);
+  ``retract`` and ``in_place`` park the running batch between two decoding steps.
   ``POST /continue_generation`` resumes.
 - ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests", "weight_version",
-  "keep_pause"}``: holds new requests, aborts (or waits for) running ones, waits until the
-  model is idle, loads the checkpoint's state dict into the model, bumps the version (to
-  ``weight_version`` when it is an integer), resumes.  ``POST /update_weight_version``.
+  "keep_pause"}``: holds new requests; unless already paused, aborts running ones
+  (``abort_all_requests``) or lets them finish, and pauses the model; loads the
+  checkpoint's state dict into the model (``HFBackend.update_weights``), sets the version
+  (to ``weight_version`` when it is an integer, else +1), resumes.  ``POST
+  /update_weight_version``.
 - ``GET /health`` (also ``/health_generate``), ``/get_model_info`` (``/model_info``),
   ``/get_server_info`` (``/server_info``), ``/get_weight_version``, ``/get_load``,
   ``/v1/models``; ``GET|POST /flush_cache`` (a no-op).
 
-Requests reach the model exactly as the engine sends them: a :class:`GenerationJob` per
-request on the ``hf`` actor's channel (``RolloutEngine._send_job``), withdrawn on abort or
-disconnect.  The HTTP layer (:func:`serve_http`) is a small HTTP/1.1 server on
+Requests reach the model exactly as the engine sends them: one ``backend.generate`` per
+request (the engine's one dispatch path), cancelled on abort or disconnect.  The server
+owns its backend's policy version (``set_version``).  The HTTP layer (:func:`serve_http`) is a small HTTP/1.1 server on
 ``trio.serve_tcp`` and ``h11``, reused by the tests' fake servers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -60,10 +66,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import h11
-import outcome
 import trio
 
-from .backends.base import GenerationJob
 from .errors import InvalidRequestError, RolloutError, unwrap_single
 from .types import GenerationHyperparameters, ModelRequest, ModelResponse
 
@@ -266,16 +270,17 @@ _GENERATE_KEYS = {
 
 @dataclass
 class _Running:
-    job: GenerationJob
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # around backend.generate
+    dispatched: bool = False  # handed to the model (not waiting for a pause to end)
     aborted: str | None = None  # abort message, once aborted
 
 
 @dataclass
 class SGLangServer:
-    """SGLang's native API over an ``hf`` backend actor (see the module docstring).
+    """SGLang's native API over an ``hf`` backend (see the module docstring).
 
     Attributes:
-        backend: the ``HFBackend``; ``run`` starts its actor.
+        backend: the ``HFBackend``; ``run`` opens it (loads the model).
         model_path: reported by ``/get_model_info``.
         served_model_name: reported by ``/v1/models``.
     """
@@ -285,7 +290,6 @@ class SGLangServer:
     served_model_name: str = "default"
     weight_version: str = "0"
     ready: bool = False
-    _jobs: trio.MemorySendChannel | None = None
     _running: dict[str, _Running] = field(default_factory=dict)
     _paused: bool = False
     _gate: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)  # resume or abort
@@ -294,14 +298,15 @@ class SGLangServer:
     _counts: Counter = field(default_factory=Counter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Load the model (the actor's start-up) and serve jobs until cancelled."""
-        send, recv = trio.open_memory_channel(max(1, getattr(self.backend, "max_batch_size", 64)))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.backend.run, recv)
-            self._jobs = send
+        """Open the backend (load the model) and serve until cancelled."""
+        async with self.backend.open():
             self.weight_version = str(self.backend.version)
             self.ready = True
             task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.ready = False
 
     # -- dispatch ----------------------------------------------------------------------
     async def handle(self, request: HTTPRequest) -> HTTPResponse:
@@ -333,7 +338,7 @@ class SGLangServer:
         return result if isinstance(result, HTTPResponse) else json_response(result)
 
     def _require_ready(self) -> None:
-        if not self.ready or self._jobs is None:
+        if not self.ready:
             raise RequestRejected(503, "the model is still loading")
 
     # -- /generate ---------------------------------------------------------------------
@@ -412,16 +417,16 @@ class SGLangServer:
         if req.rid in self._running:
             raise RequestRejected(400, f"Duplicate request ID {req.rid}")
         start = trio.current_time()
-        self._running[req.rid] = running = _Running(job=None)  # type: ignore[arg-type]
+        self._running[req.rid] = running = _Running()
         try:
             while self._paused and running.aborted is None:  # new requests wait during a pause
                 await self._gate.park()
             if running.aborted is not None or budget == 0:
                 resp = ModelResponse(input_tokens=req.input_ids, stop_reason="abort" if running.aborted else "length")
             else:
-                resp = await self._send_job(running, req, budget)
+                resp = await self._dispatch(running, req, budget)
         except trio.Cancelled:
-            self._counts["cancelled"] += 1  # the client disconnected (or shutdown): the job was withdrawn
+            self._counts["cancelled"] += 1  # the client disconnected (or shutdown): the request was withdrawn
             raise
         finally:
             del self._running[req.rid]
@@ -431,22 +436,17 @@ class SGLangServer:
         self._counts["tokens"] += resp.output_len
         return self._answer(req, resp, running.aborted, return_logprob, trio.current_time() - start)
 
-    async def _send_job(self, running: _Running, req: ModelRequest, budget: int) -> ModelResponse:
-        reply_send, reply_recv = trio.open_memory_channel(1)
-        running.job = job = GenerationJob(req, budget, reply_send, enqueued_at=trio.current_time())
-        try:
-            with reply_recv:
-                await self._jobs.send(job)
-                result = await reply_recv.receive()
-        except BaseException:
-            job.withdraw()  # cancelled (client disconnect, shutdown): skipped if queued, stopped if running
-            raise
-        try:
-            return result.unwrap()
-        except InvalidRequestError as exc:
-            raise RequestRejected(400, str(exc)) from None
-        except RolloutError as exc:
-            raise RequestRejected(500, str(exc)) from None
+    async def _dispatch(self, running: _Running, req: ModelRequest, budget: int) -> ModelResponse:
+        """``backend.generate``; an abort (``running.scope``) answers ``abort`` with no token."""
+        running.dispatched = True
+        with running.scope:
+            try:
+                return await self.backend.generate(req, budget)
+            except InvalidRequestError as exc:
+                raise RequestRejected(400, str(exc)) from None
+            except RolloutError as exc:
+                raise RequestRejected(500, str(exc)) from None
+        return ModelResponse(input_tokens=req.input_ids, stop_reason="abort")
 
     def _answer(self, req: ModelRequest, resp: ModelResponse, aborted: str | None, return_logprob: bool,
                 latency_s: float) -> dict[str, Any]:
@@ -486,10 +486,7 @@ class SGLangServer:
             return
         running.aborted = message
         self._gate.unpark_all()  # a request waiting for the pause to end answers now
-        if running.job is not None:
-            running.job.withdraw()
-            running.job.reply(outcome.Value(ModelResponse(input_tokens=running.job.request.input_ids,
-                                                          stop_reason="abort")))
+        running.scope.cancel()  # a generate that already has its answer keeps it (no checkpoint left)
 
     def _abort_all(self, message: str) -> int:
         entries = list(self._running.values())
@@ -518,15 +515,19 @@ class SGLangServer:
         self._gate.unpark_all()
 
     async def _pause_generation(self, request: HTTPRequest) -> Any:
+        self._require_ready()
         mode = (request.json() or {}).get("mode", "abort")
         if mode not in ("abort", "retract", "in_place"):
             raise RequestRejected(400, f"mode must be abort, retract or in_place, got {mode!r}")
         self._pause()
-        if mode == "abort":
+        await self.backend.pause("abort" if mode == "abort" else "in_place")
+        if mode == "abort":  # the running batch answered with its partial tokens; the rest with none
             self._abort_all("aborted by pause_generation")
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     async def _continue_generation(self, request: HTTPRequest) -> Any:
+        self._require_ready()
+        await self.backend.resume()
         self._resume()
         return {"message": "Generation continued successfully.", "status": "ok"}
 
@@ -537,26 +538,26 @@ class SGLangServer:
         if not isinstance(path, str) or not path:
             raise RequestRejected(400, "model_path (a string) is required")
         weight_version = body.get("weight_version")
+        backend = self.backend
         async with self._update_lock:
             was_paused = self._paused
+            own_pause = not backend.paused  # else paused by /pause_generation: stays so
             self._pause()  # new requests wait
-            running = sum(r.job is not None for r in self._running.values())
+            running = sum(r.dispatched for r in self._running.values())
             try:
                 version = self._next_version(weight_version)
-                if hasattr(self.backend, "update_weights"):
+                if own_pause:
                     if not body.get("abort_all_requests"):
-                        await self._drain()
-                    # abort mode: a running batch stops at its next step and answers with its partial tokens
-                    await self.backend.update_weights(path, version=version, mode="abort")
-                else:
+                        await self._drain()  # SGLang's default: running requests finish first
+                    await backend.pause("abort")  # the running batch answers with its partial tokens
                     if body.get("abort_all_requests"):
-                        self._abort_all("aborted for a weight update")
-                    await self._drain()
-                    await self._wait_idle()
-                    await trio.to_thread.run_sync(self._load_weights, path)
-                    self.backend.version = version
+                        self._abort_all("aborted for a weight update")  # requests not yet decoding: none
+                await backend.update_weights(path, version=version, mode="abort")
+                backend.set_version(version)  # this server owns its backend's version
             except Exception as exc:
                 logger.exception("weight update from %s failed", path)
+                if own_pause:
+                    await backend.resume()
                 if not was_paused:
                     self._resume()
                 return json_response({"success": False, "message": f"failed to load {path}: {exc}",
@@ -564,6 +565,8 @@ class SGLangServer:
             self.weight_version = str(weight_version) if weight_version is not None else str(version)
             self.model_path = path
             if not (was_paused or body.get("keep_pause")):
+                if own_pause:
+                    await backend.resume()
                 self._resume()
         self._counts["weight_updates"] += 1
         return {"success": True, "message": "Succeeded to update model weights.",
@@ -571,28 +574,8 @@ class SGLangServer:
 
     async def _drain(self) -> None:
         """Until every dispatched request has answered."""
-        while any(r.job is not None for r in self._running.values()):
+        while any(r.dispatched for r in self._running.values()):
             await self._changed.park()
-
-    async def _wait_idle(self) -> None:
-        """Until the ``hf`` actor waits for work (a withdrawn batch's thread has ended).
-
-        Only for an ``hf`` backend without ``update_weights``: the actor gives no event
-        then, so its channel is polled."""
-        while True:
-            stats = self._jobs.statistics()
-            if stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0:
-                return
-            await trio.sleep(0.005)
-
-    def _load_weights(self, path: str) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        model = self.backend.model
-        fresh = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
-        with torch.no_grad():
-            model.load_state_dict(fresh.state_dict(), strict=True)
 
     def _next_version(self, weight_version: Any) -> int:
         """``weight_version`` when it is an integer, else the current version + 1."""
@@ -607,7 +590,7 @@ class SGLangServer:
             raise RequestRejected(400, "new_version is required")
         if body.get("abort_all_requests"):
             self._abort_all("aborted for a weight version update")
-        self.backend.version = self._next_version(body["new_version"])
+        self.backend.set_version(self._next_version(body["new_version"]))
         self.weight_version = str(body["new_version"])
         return {"success": True, "message": "Succeeded to update weight version.", "new_version": self.weight_version}
 
@@ -627,13 +610,13 @@ class SGLangServer:
         return {"version": "trio-rollout", "model_path": self.model_path, "served_model_name": self.served_model_name,
                 "weight_version": self.weight_version, "paused": self._paused, "ready": self.ready,
                 "num_running_reqs": len(self._running), "counters": dict(self._counts),
-                "backend": _plain(self.backend.statistics())}
+                "backend": _plain(dataclasses.asdict(self.backend.statistics()))}
 
     async def _get_weight_version(self, request: HTTPRequest) -> Any:
         return {"weight_version": self.weight_version}
 
     async def _get_load(self, request: HTTPRequest) -> Any:
-        running = sum(r.job is not None for r in self._running.values())
+        running = sum(r.dispatched for r in self._running.values())
         return {"num_running_reqs": running, "num_waiting_reqs": len(self._running) - running}
 
     async def _models(self, request: HTTPRequest) -> Any:

@@ -9,7 +9,7 @@
             engine.set_version(step + 1)
 
 The trio loop runs in a background thread that owns the engine (its nursery,
-backend actor and reward pool).  Every method hops into that loop with
+backend and reward pool).  Every method hops into that loop with
 ``trio.from_thread`` and blocks until it returns, so the object is thread-safe:
 several trainer threads may call it at once.  Errors raised inside the loop are
 re-raised in the caller with their original type and traceback; if the loop

@@ -6,8 +6,15 @@ A fake is an async ``handle(HTTPRequest) -> HTTPResponse`` app (the interface of
 127.0.0.1 (``nursery.start(serve_http, fake.handle)``).
 
 Generation is deterministic: ``n = min(budget, fake.length)`` tokens
-``(sum(input_ids) + i) % 200 + 5`` with logprobs ``-0.1 * (i + 1)``; finish ``length`` when
-``n == budget`` else ``stop``.  Each ``/generate`` call pops one step of ``fake.script``
+``(sum(input_ids) + i + offset(weights)) % 200 + 5`` (``offset`` is 0 for the initial weights
+``""``); finish ``length`` when ``n == budget`` else ``stop``.  Logprobs come from a toy model
+(:func:`fake_logits`, a function of the prefix and the weights) and model the semantics each
+fake claims: the SGLang fake returns *processed* logprobs (``log_softmax(logits /
+temperature)``, SGLang's default), the vLLM fake its ``logprobs_mode`` (``"raw_logprobs"``:
+``log_softmax(logits)``, vLLM's default; ``"processed_logprobs"``, the default here, as the
+``vllm`` backend requires) and reports it on ``GET /server_info?config_format=json``.  Weight
+updates (SGLang ``/update_weights_from_disk``, vLLM ``/collective_rpc reload_weights``)
+switch ``fake.weights`` to the given path: later tokens and logprobs change.  Each ``/generate`` call pops one step of ``fake.script``
 (default ``"ok"``):
 
 ``"ok"``, ``"500"``, ``"503"``, ``"400"``, ``"401"``, ``"403"``, ``"malformed"`` (200 with a broken JSON body),
@@ -23,6 +30,8 @@ Generation is deterministic: ``n = min(budget, fake.length)`` tokens
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,9 +41,39 @@ import trio
 from engine.serve import HTTPRequest, HTTPResponse, json_response
 
 
-def fake_tokens(input_ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    base = sum(input_ids)
-    return [(base + i) % 200 + 5 for i in range(n)], [-0.1 * (i + 1) for i in range(n)]
+FAKE_VOCAB = 256
+
+
+def _weights_seed(weights: str) -> int:
+    return 0 if not weights else zlib.crc32(weights.encode()) % 997 + 1
+
+
+def fake_logits(prefix: list[int], weights: str = "") -> list[float]:
+    """The toy model: next-token logits ``[FAKE_VOCAB]`` after ``prefix``."""
+    seed = _weights_seed(weights)
+    shift = 0.011 * sum(prefix) + 0.7 * (prefix[-1] if prefix else 0) + 0.37 * seed
+    return [3.0 * math.sin(0.37 * v + shift) for v in range(FAKE_VOCAB)]
+
+
+def fake_logprob(prefix: list[int], token: int, temperature: float = 1.0, weights: str = "") -> float:
+    """``log_softmax(fake_logits(prefix) / temperature)[token]``."""
+    scaled = [x / temperature for x in fake_logits(prefix, weights)]
+    top = max(scaled)
+    return scaled[token] - top - math.log(sum(math.exp(x - top) for x in scaled))
+
+
+def fake_tokens(input_ids: list[int], n: int, *, temperature: float = 1.0,
+                weights: str = "") -> tuple[list[int], list[float]]:
+    """The ``n`` tokens a fake generates after ``input_ids`` and their logprobs under the
+    distribution at ``temperature`` (1.0: raw)."""
+    base = sum(input_ids) + _weights_seed(weights)
+    tokens = [(base + i) % 200 + 5 for i in range(n)]
+    prefix = list(input_ids)
+    logprobs = []
+    for t in tokens:
+        logprobs.append(fake_logprob(prefix, t, temperature, weights))
+        prefix.append(t)
+    return tokens, logprobs
 
 
 class _Fake:
@@ -52,9 +91,17 @@ class _Fake:
         self.partial_on_abort = 0
         self.running: dict[str, trio.CancelScope] = {}
         self.hold = trio.Event()  # "hang" steps wait for this (or an abort)
+        self.weights = ""  # the checkpoint loaded ("" = the initial weights)
+        self.weight_version = "0"
 
     def step(self) -> Any:
         return self.script.pop(0) if self.script else "ok"
+
+    def _generator(self, ids: list[int], temperature: float) -> Any:
+        """``n -> (tokens, logprobs)`` with the weights loaded *now* (a weight update
+        while a request hangs does not change what it already generated)."""
+        weights = self.weights
+        return lambda n: fake_tokens(ids, n, temperature=temperature, weights=weights)
 
     def n_tokens(self, budget: int) -> int:
         return min(budget, self.length)
@@ -109,6 +156,7 @@ class FakeSGLang(_Fake):
             return json_response({"message": "continued", "status": "ok"})
         if request.path == "/update_weights_from_disk":
             self.control.append(("update", body))
+            self.weights = body["model_path"]
             self.weight_version = body.get("weight_version", self.weight_version)
             return json_response({"success": True, "message": "ok", "num_paused_requests": 0})
         if request.path == "/get_model_info":
@@ -124,12 +172,14 @@ class FakeSGLang(_Fake):
             return HTTPResponse(200, b'{"text": "trunc')
         rid, ids = body["rid"], body["input_ids"]
         budget = body["sampling_params"]["max_new_tokens"]
+        temperature = body["sampling_params"].get("temperature", 1.0)  # processed logprobs (SGLang's default)
+        gen = self._generator(ids, temperature if temperature >= 1e-6 else 1.0)
         finished = await self._run(rid, step)
         if not finished:
-            tokens, lps = fake_tokens(ids, min(budget, self.partial_on_abort))
+            tokens, lps = gen(min(budget, self.partial_on_abort))
             return self._answer(rid, tokens, lps, {"type": "abort", "message": "aborted", "status_code": None})
         if isinstance(step, tuple) and step[0] == "abort":
-            tokens, lps = fake_tokens(ids, step[1])
+            tokens, lps = gen(step[1])
             self.refuse = self.refuse or step[2:] == ("die",)
             return self._answer(rid, tokens, lps, {"type": "abort", "message": "scripted"})
         if step == "abort_empty":
@@ -137,7 +187,7 @@ class FakeSGLang(_Fake):
         if isinstance(step, tuple) and step[0] == "reject":
             return self._answer(rid, [], [], {"type": "abort", "message": "scripted reject", "status_code": step[1]})
         n = self.n_tokens(budget)
-        tokens, lps = fake_tokens(ids, n)
+        tokens, lps = gen(n)
         finish = {"type": "length", "length": n} if n == budget else {"type": "stop", "matched": tokens[-1]}
         if step == "mismatch":
             lps = lps[:-1]
@@ -153,13 +203,34 @@ class FakeSGLang(_Fake):
 
 
 class FakeVLLM(_Fake):
-    """vLLM's routes: /v1/completions, /v1/models, /abort_requests, /pause, /resume, /health."""
+    """vLLM's routes: /v1/completions, /v1/models, /abort_requests, /pause, /resume, /health,
+    and (dev mode) /server_info, /collective_rpc reload_weights, /update_weight_version."""
+
+    def __init__(self, *, logprobs_mode: str = "processed_logprobs", dev_mode: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.logprobs_mode = logprobs_mode
+        self.dev_mode = dev_mode
 
     async def handle(self, request: HTTPRequest) -> HTTPResponse:
         self.calls.append((request.method, request.path))
         body = request.json()
         if request.path == "/health":
             return HTTPResponse(self.health, b"")
+        if not self.dev_mode and request.path in ("/server_info", "/collective_rpc", "/update_weight_version",
+                                                  "/pause", "/resume", "/abort_requests"):
+            return json_response({"detail": "Not Found"}, 404)
+        if request.path == "/server_info":
+            assert request.query.get("config_format") == ["json"]
+            return json_response({"vllm_config": {"model_config": {"logprobs_mode": self.logprobs_mode}}})
+        if request.path == "/collective_rpc":
+            self.control.append(("rpc", body))
+            assert body["method"] == "reload_weights" and body["kwargs"]["is_checkpoint_format"] is True
+            self.weights = body["kwargs"]["weights_path"]
+            return json_response({"results": [None]})
+        if request.path == "/update_weight_version":
+            self.control.append(("version", body))
+            self.weight_version = body["new_version"]
+            return json_response({"success": True, "new_version": self.weight_version})
         if request.path == "/v1/models":
             return json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
         if request.path == "/abort_requests":
@@ -188,15 +259,18 @@ class FakeVLLM(_Fake):
         if step in ("500", "503", "400", "401", "403"):
             return json_response({"error": {"message": f"scripted {step}"}}, int(step))
         rid, ids, budget = body["request_id"], body["prompt"], body["max_tokens"]
+        temperature = body.get("temperature", 1.0)
+        processed = self.logprobs_mode == "processed_logprobs" and temperature >= 1e-6
+        gen = self._generator(ids, temperature if processed else 1.0)  # raw: before the temperature
         finished = await self._run(rid, step)
         if not finished:
-            tokens, lps = fake_tokens(ids, min(budget, self.partial_on_abort))
+            tokens, lps = gen(min(budget, self.partial_on_abort))
             return self._answer(rid, tokens, lps, "abort")
         if isinstance(step, tuple) and step[0] == "abort":
-            tokens, lps = fake_tokens(ids, step[1])
+            tokens, lps = gen(step[1])
             return self._answer(rid, tokens, lps, "abort")
         n = self.n_tokens(budget)
-        tokens, lps = fake_tokens(ids, n)
+        tokens, lps = gen(n)
         return self._answer(rid, tokens, lps, "length" if n == budget else "stop")
 
     def _answer(self, rid: str, tokens: list[int], lps: list[float], finish: str) -> HTTPResponse:

@@ -23,7 +23,7 @@ async def test_dump_records_have_areal_fields_per_version(tmp_path, reward_pool)
         out = ModelResponse(input_tokens=list(req.input_ids), output_tokens=ids, output_logprobs=[-1.0] * len(ids),
                             output_versions=[backend.version] * len(ids), stop_reason=reason)
         if reason == "abort":
-            backend.version += 1
+            engine.set_version(backend.version + 1)
         return out
 
     class Flow(RolloutWorkflow):

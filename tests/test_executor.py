@@ -1,4 +1,4 @@
-"""Unit tier: the engine's backend actor, channel round trip, and accounting
+"""Unit tier: the engine's one dispatch path (backend.generate), and accounting
 (mock and sim backends, in-process reward pool, virtual time)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _req(n_prompt=4, **g):
     return ModelRequest(input_ids=list(range(1, n_prompt + 1)), gconfig=GenerationHyperparameters(**g))
 
 
-async def test_agenerate_round_trip_through_the_actor(reward_pool):
+async def test_agenerate_round_trip_through_the_backend(reward_pool):
     seen = []
 
     async def handler(req, budget):
@@ -139,7 +139,7 @@ async def test_aborted_generation_is_resumed_with_prompt_plus_partial_output(rew
     async def handler(req, budget):
         calls.append((list(req.input_ids), budget))
         if len(calls) == 1:  # interrupted after 2 tokens; a weight update lands
-            backend.version = 1
+            engine.set_version(1)  # a weight update lands (the engine tells the backend)
             return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[5, 6], output_logprobs=[-1.0, -1.0],
                                  output_versions=[0, 0], stop_reason="abort")
         return _ok(req, budget, n=2, version=backend.version)

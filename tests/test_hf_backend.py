@@ -57,7 +57,7 @@ async def test_concurrent_requests_logprobs_match_teacher_forcing(tiny, reward_p
             for i in range(len(prompts)):
                 nursery.start_soon(one, i)
     if serving == "static":
-        assert backend.statistics()["batches"] == 1  # served as one batch
+        assert backend.statistics().batches == 1  # served as one batch
     worst = 0.0
     for i, p in enumerate(prompts):
         r = results[i]
@@ -130,7 +130,7 @@ async def test_cancelled_request_leaves_the_batch_and_others_complete(tiny, rewa
         after = await engine.agenerate(ModelRequest(input_ids=_prompt(tok, "next"), gconfig=short))
     assert "long" not in done
     assert done["short"].output_len == 4 and after.output_len == 4
-    assert backend.statistics()["requests_served"] == 2
+    assert backend.statistics().requests_served == 2
 
 
 async def test_unsupported_parameter_is_a_clear_error(tiny, reward_pool):
@@ -186,7 +186,7 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
             source = b_path if mode == "abort" else reference_b.state_dict()
             await engine.update_weights(source, version=1, mode=mode)
         stats = engine.statistics()
-    assert engine.version == 1 and stats.backend["weight_updates"] == 1
+    assert engine.version == 1 and stats.backend.weight_updates == 1
     for i in range(8):
         r = results[i]
         assert r.output_len == 24 and r.stop_reason == "length"
@@ -201,7 +201,7 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
         else:  # continued in place: new weights over the old KV cache
             assert (lp[k:] - ref_a[k:]).abs().max() > 1e-2
     if mode == "abort":
-        assert stats.segments_resumed == 8 and stats.backend["aborts"] == 8
+        assert stats.segments_resumed == 8 and stats.backend.aborts == 8
     else:
         assert stats.segments_resumed == 0
 

@@ -58,7 +58,7 @@ async def test_5xx_and_malformed_json_are_retried(reward_pool):
                 with pytest.raises(BackendError, match="attempt 6 .*malformed JSON"):
                     await engine.agenerate(req())
             nursery.cancel_scope.cancel()
-    assert resp.output_tokens == fake_tokens(PROMPT, 4)[0] and b.statistics()["retries"] == 3 + 5
+    assert resp.output_tokens == fake_tokens(PROMPT, 4)[0] and b.statistics().retries == 3 + 5
 
 
 async def test_timeout_fails_over_and_aborts_the_slow_server(reward_pool):
@@ -86,8 +86,8 @@ async def test_refused_connection_fails_over_and_ejects(reward_pool):
                 b.pool.readmit(b.pool[dead])  # pretend it looked fine: the request must fail over
                 resp = await engine.agenerate(req())
             nursery.cancel_scope.cancel()
-    stats = {s["url"]: s for s in b.statistics()["servers"]}
-    assert resp.output_len == 4 and not stats[dead]["healthy"] and "cannot connect" in stats[dead]["last_error"]
+    stats = {s.url: s for s in b.statistics().servers}
+    assert resp.output_len == 4 and not stats[dead].healthy and "cannot connect" in stats[dead].last_error
 
 
 async def test_evidence_faults_fail_with_a_clear_error(reward_pool):

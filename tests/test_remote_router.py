@@ -120,4 +120,4 @@ async def test_router_url_works_as_one_server(router, reward_pool):
             await backend.continue_generation(servers=workers)
             assert (await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(max_new_tokens=4)))).output_len == 4
     stats = backend.statistics()
-    assert stats["aborts_sent"] == 1 and stats["aborts_failed"] == 1
+    assert stats.aborts_sent == 1 and stats.aborts_failed == 1

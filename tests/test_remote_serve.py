@@ -145,7 +145,7 @@ async def test_tokens_and_logprobs_match_teacher_forcing(servers, models, reward
     first = greedy.output_tokens.index(stop_at) + 1
     assert stopped.output_tokens == greedy.output_tokens[:first] and stopped.stop_reason == "stop"
     assert info["weight_version"] == "0" and info["model_path"] == models[0]
-    assert backend.statistics()["servers"][0]["weight_version"] == "0"
+    assert backend.statistics().servers[0].weight_version == "0"
 
 
 async def test_cancel_and_disconnect_stop_server_work(servers, reward_pool):
@@ -170,7 +170,7 @@ async def test_cancel_and_disconnect_stop_server_work(servers, reward_pool):
                 await wait_load(lambda n: n == 1)
                 nursery.cancel_scope.cancel()
             await wait_load(lambda n: n == 0)
-            assert backend.statistics()["aborts_sent"] == 1
+            assert backend.statistics().aborts_sent == 1
             before = await counters()
             async with httpx.AsyncClient() as client:  # 2. a bare client that goes away: no abort call
                 body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
@@ -183,34 +183,65 @@ async def test_cancel_and_disconnect_stop_server_work(servers, reward_pool):
     assert after.get("cancelled", 0) == before.get("cancelled", 0) + 1
 
 
-async def test_pause_update_weights_continue(servers, models, reward_pool):
-    url = servers[2].url
-    backend = backend_for([url])
-    result = {}
-    with trio.fail_after(90):
-        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+class LongEpisode(RolloutWorkflow):
+    """One long sampled generation (temperature 1: processed == raw logprobs)."""
 
-            async def episode():
-                result["resp"] = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
-                    greedy=True, max_new_tokens=1000, ignore_eos=True)))
+    def __init__(self, responses):
+        self.responses = responses
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(episode)
-                while not (await backend.call(url, "GET", "/get_load"))["num_running_reqs"]:
-                    await trio.sleep(0.02)
-                await backend.pause_generation()  # AReaL's sequence: pause (abort), load, bump, continue
-                answers = await backend.update_weights_from_disk(models[1], version=1)
-                engine.set_version(1)
-                await backend.continue_generation()
-            info = await backend.get_model_info()
-    assert answers[url]["success"] and info["weight_version"] == "1" and info["model_path"] == models[1]
-    resp = result["resp"]
-    assert resp.output_len == 1000 and resp.output_versions == [1] * 1000  # rollout serve aborts with no token
-    lp, argmax = teacher_forced(models[1], PROMPT, resp.output_tokens)
-    assert resp.output_tokens == argmax.tolist()
-    assert torch.allclose(torch.tensor(resp.output_logprobs), lp, atol=1e-3)
-    stats = backend.statistics()
-    assert stats["empty_aborts"] >= 1 and stats["weight_version_mismatches"] == 0, stats
+    async def arun_episode(self, engine, data):
+        resp = await engine.agenerate(ModelRequest(rid=f"long{data['i']}", input_ids=data["ids"],
+                                                   gconfig=G(max_new_tokens=data["n"], ignore_eos=True)))
+        self.responses[data["i"]] = resp
+        return trajectory_from_response(resp, reward=1.0)
+
+
+async def test_engine_update_weights_mid_generation_on_two_servers(servers, models, reward_pool):
+    """``engine.update_weights(folder, version=1)`` while 6 episodes generate on two ``rollout
+    serve`` processes: every episode completes, per-token versions show the boundary, the
+    tokens before it come from the old weights and those after it from the new ones
+    (teacher-forced with each), and both servers loaded the new weights."""
+    urls = [servers[1].url, servers[2].url]
+    backend = backend_for(urls)
+    n = 600
+    responses = {}
+    items = [{"i": i, "ids": PROMPT + [7 + i], "n": n} for i in range(6)]
+
+    async def loads():
+        return [(await backend.call(u, "GET", "/get_load"))["num_running_reqs"] for u in urls]
+
+    with trio.fail_after(180):
+        async with open_rollout_engine(backend, EngineConfig(max_concurrent_rollouts=6),
+                                       reward_pool=reward_pool) as engine:
+            for item in items:
+                engine.submit(item, LongEpisode(responses))
+            while not all(await loads()):  # both servers are decoding
+                await trio.sleep(0.02)  # polling real processes
+            await trio.sleep(0.3)  # let them produce some tokens with the old weights
+            await engine.update_weights(models[1], version=1)
+            results = await engine.wait_results(6)
+            infos = [await backend.call(u, "GET", "/get_model_info") for u in urls]
+            stats = backend.statistics()
+    assert sorted(r.task_id for r in results) == list(range(6)) and all(r.status == "accepted" for r in results)
+    assert [i["weight_version"] for i in infos] == ["1", "1"] and [i["model_path"] for i in infos] == [models[1]] * 2
+    assert stats.weight_updates == 1 and all(s.requests > 0 for s in stats.servers), stats
+    mid = 0
+    for item in items:
+        resp = responses[item["i"]]
+        assert resp.output_len == n
+        k = resp.output_versions.count(0)
+        assert resp.output_versions == [0] * k + [1] * (n - k)
+        lp = torch.tensor(resp.output_logprobs)
+        old, _ = teacher_forced(models[0], item["ids"], resp.output_tokens)
+        new, _ = teacher_forced(models[1], item["ids"] + resp.output_tokens[:k], resp.output_tokens[k:])
+        if k:
+            assert (lp[:k] - old[:k]).abs().max() < 1e-3  # before the boundary: the old weights
+        if k < n:
+            assert (lp[k:] - new).abs().max() < 1e-3  # after it: the new weights (re-prefilled)
+            assert (lp[k:] - old[k:]).abs().max() > 1e-2
+        mid += 0 < k < n
+    assert mid >= 1  # the update landed in the middle of running generations
+    assert stats.weight_version_mismatches == 0, stats
 
 
 class OneShot(RolloutWorkflow):
@@ -246,11 +277,11 @@ async def test_three_servers_one_killed_mid_run(servers, models, reward_pool):
     assert all(r.status == "accepted" for r in results), [r for r in results if r.status != "accepted"][:3]
     rewards = sorted(float(r.trajectory["rewards"][0]) for r in results)
     assert rewards == [float(i) for i in range(100)]
-    per_server = {s["url"]: s for s in stats["servers"]}
-    assert not per_server[urls[0]]["healthy"] and per_server[urls[0]]["ejections"] == 1, stats
+    per_server = {s.url: s for s in stats.servers}
+    assert not per_server[urls[0]].healthy and per_server[urls[0]].ejections == 1, stats
     # the interrupted requests were re-sent elsewhere (an answer already on the wire at the kill is not)
-    assert stats["retries"] >= 1 and stats["requests_failed"] == 0, stats
-    requests = [per_server[u]["requests"] for u in urls]
+    assert stats.retries >= 1 and stats.requests_failed == 0, stats
+    requests = [per_server[u].requests for u in urls]
     assert min(requests[1:]) >= 25, stats  # spread over the survivors
     assert requests[0] >= 5, stats  # the killed one had its share before it died
 

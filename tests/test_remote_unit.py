@@ -106,7 +106,7 @@ def test_vllm_payload_and_parse():
     with pytest.raises(RemoteCallError, match="error") as info:
         b.parse_generation({"choices": [{"finish_reason": "error"}]})
     assert info.value.retryable
-    assert b.logprob_semantics == "raw" and make({A: FakeSGLang()}).logprob_semantics == "processed"
+    assert b.logprob_semantics == "processed" and make({A: FakeSGLang()}).logprob_semantics == "processed"
 
 
 def test_map_exceptions_classifies_transport_errors():
@@ -139,8 +139,8 @@ async def test_sglang_through_engine(reward_pool, autojump_clock):
     (call,) = fake.generate_calls
     assert call["rid"].startswith("ep1@") and call["sampling_params"]["max_new_tokens"] == 8
     stats = backend.statistics()
-    assert stats["requests_served"] == 1 and stats["servers"][0]["weight_version"] == "0"
-    assert stats["weight_version_mismatches"] == 1  # the server says "0", tokens are tagged 2
+    assert stats.requests_served == 1 and stats.servers[0].weight_version == "0"
+    assert stats.weight_version_mismatches == 1  # the server says "0", tokens are tagged 2
 
 
 async def test_vllm_through_engine_discovers_model_and_aborts_by_choice_id(reward_pool, autojump_clock):
@@ -191,7 +191,7 @@ async def test_retries_5xx_with_capped_exponential_backoff(autojump_clock):
     assert len(fake.generate_calls) == 4 and resp.output_len == 4
     lo = 0.25 * 0.5 + 0.5 * 0.5 + 1.0 * 0.5  # three retries, jitter takes at most half
     assert lo <= elapsed <= 0.25 + 0.5 + 1.0
-    assert backend.statistics()["retries"] == 3
+    assert backend.statistics().retries == 3
     fake.script = ["503"] * 10
     with pytest.raises(RemoteCallError, match="attempt 6 on http://a:1.*HTTP 503"):
         await backend.generate(req(max_new_tokens=4), 4)
@@ -209,9 +209,9 @@ async def test_refused_connection_fails_over_at_once_and_ejects(autojump_clock):
     resp = await backend.generate(req(max_new_tokens=4), 4)
     assert trio.current_time() == t0  # no backoff: a fresh healthy server was available
     assert resp.output_len == 4 and len(fb.generate_calls) == 1
-    stats = {s["url"]: s for s in backend.statistics()["servers"]}
-    assert not stats[A]["healthy"] and stats[A]["ejections"] == 1 and "cannot connect" in stats[A]["last_error"]
-    assert backend.statistics()["failovers"] == 1
+    stats = {s.url: s for s in backend.statistics().servers}
+    assert not stats[A].healthy and stats[A].ejections == 1 and "cannot connect" in stats[A].last_error
+    assert backend.statistics().failovers == 1
 
 
 async def test_dropped_connection_fails_over_with_the_same_input(autojump_clock):
@@ -238,7 +238,7 @@ async def test_health_checks_eject_and_readmit(reward_pool, autojump_clock):
         fa.health = 200
         await trio.sleep(1.0)
         assert backend.pool[A].healthy
-    assert backend.statistics()["health_failures"] == 2
+    assert backend.statistics().health_failures == 2
 
 
 async def test_all_servers_down_waits_for_readmission(reward_pool, autojump_clock):
@@ -255,7 +255,7 @@ async def test_all_servers_down_waits_for_readmission(reward_pool, autojump_cloc
             nursery.start_soon(revive)
             resp = await engine.agenerate(req(max_new_tokens=4))
         assert resp.output_len == 4 and 7 <= trio.current_time() <= 9
-        assert backend.statistics()["waits_for_server"] >= 1
+        assert backend.statistics().waits_for_server >= 1
 
 
 async def test_routing_least_outstanding_tokens_and_sticky(autojump_clock):
@@ -329,7 +329,7 @@ async def test_deadline_bounds_a_request_and_aborts_it(reward_pool, autojump_clo
             await engine.agenerate(req("slow", max_new_tokens=4))
         assert trio.current_time() - t0 == pytest.approx(30.0)
     assert fa.aborts == [{"rid": fa.generate_calls[0]["rid"]}]
-    assert backend.statistics()["deadline_exceeded"] == 1
+    assert backend.statistics().deadline_exceeded == 1
 
 
 async def test_cancelled_episode_sends_a_shielded_abort(reward_pool, autojump_clock):
@@ -344,7 +344,7 @@ async def test_cancelled_episode_sends_a_shielded_abort(reward_pool, autojump_cl
             nursery.cancel_scope.cancel()
         await wait_all_tasks_blocked()
         assert fa.aborts == [{"rid": fa.generate_calls[0]["rid"]}] and not fa.running
-        assert backend.statistics()["aborts_sent"] == 1
+        assert backend.statistics().aborts_sent == 1
     # a direct caller whose scope is cancelled: the abort still goes out (shielded)
     fa.script = ["hang"]
     with trio.CancelScope() as scope:
@@ -363,7 +363,7 @@ async def test_attempt_timeout_aborts_and_retries_elsewhere(autojump_clock):
     resp = await backend.generate(req(max_new_tokens=4), 4)
     assert resp.output_len == 4 and trio.current_time() - t0 == pytest.approx(10.0)
     assert fa.aborts == [{"rid": fa.generate_calls[0]["rid"]}] and len(fb.generate_calls) == 1
-    assert backend.statistics()["attempt_timeouts"] == 1
+    assert backend.statistics().attempt_timeouts == 1
 
 
 async def test_ejection_cancels_in_flight_attempts_which_fail_over(reward_pool, autojump_clock):
@@ -460,15 +460,16 @@ async def test_weight_update_is_replayed_to_a_server_that_missed_it(reward_pool,
     fa, fb = FakeSGLang(), FakeSGLang()
     fb.refuse = True
     backend = make({A: fa, B: fb}, health_interval_s=1.0)
-    async with open_rollout_engine(backend, reward_pool=reward_pool):
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         assert not backend.pool[B].healthy  # down at start-up
-        await backend.update_weights_from_disk("/ckpt/step3", version=3)
+        await engine.update_weights("/ckpt/step3", version=3)  # WeightSync: pause, load, version, resume
         assert backend.version == 3 and fa.weight_version == "3" and backend.pool[B].stale_weights
+        update = ("update", {"model_path": "/ckpt/step3", "weight_version": "3", "abort_all_requests": True})
+        assert fa.control == [("pause", {}), update, ("continue", {})] and fa.weights == "/ckpt/step3"
         fb.refuse = False
         await trio.sleep(1.5)
         assert backend.pool[B].healthy and fb.weight_version == "3"
-        assert fb.control == [("update", {"model_path": "/ckpt/step3", "abort_all_requests": False,
-                                          "weight_version": "3"})]
+        assert fb.control == [update]  # replayed before its re-admission
         resp = await backend.generate(req(max_new_tokens=2), 2)
         assert resp.output_versions == [3, 3]
 

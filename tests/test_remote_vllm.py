@@ -1,10 +1,13 @@
 """Contract tier: the ``vllm`` backend against a real vLLM 0.32 CPU server on 127.0.0.1.
 
-Marked ``vllm`` (and ``slow``): skipped unless the venv made by
-``../shared/tools/setup_vllm_cpu.sh`` exists -- ``$TRIO_ROLLOUT_VLLM_VENV``, default
-``.venv-vllm`` in the repository root.  The module starts one server (30-75 s) with the
-tools' tiny random Llama (head_dim 64, bf16) and ``--enforce-eager``, and stops it at the end;
-``TRIO_ROLLOUT_VLLM_URL`` + ``TRIO_ROLLOUT_VLLM_MODEL_DIR`` reuse a server already running that model.
+Marked ``vllm`` (and ``slow``), an opt-in tier: run with ``pytest --vllm``; then every test
+*fails* (never skips) when the venv made by ``../shared/tools/setup_vllm_cpu.sh`` is missing --
+``$TRIO_ROLLOUT_VLLM_VENV``, default ``.venv-vllm`` in the repository root.  The module starts
+one server (30-75 s) with the tools' tiny random Llama (head_dim 64), ``--dtype float32``,
+``--enforce-eager`` and ``--logprobs-mode processed_logprobs`` (the semantics every backend
+here reports; the ``vllm`` backend checks it), and stops it at the end;
+``TRIO_ROLLOUT_VLLM_URL`` + ``TRIO_ROLLOUT_VLLM_MODEL_DIR`` reuse a server already running that
+model with those options.
 Real processes: real-time bounds, polling of the server's metrics where server state is checked.
 """
 
@@ -30,12 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
 TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists(),
-                       reason=f"no vLLM CPU venv at {VENV} (run ../shared/tools/setup_vllm_cpu.sh {VENV})"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT = [257, 104, 105, 258, 10, 257]  # <|im_start|> "hi" <|im_end|> "\n" <|im_start|>
 
@@ -51,6 +49,9 @@ def vllm(tmp_path_factory):
     if os.environ.get("TRIO_ROLLOUT_VLLM_URL"):  # a server already running make_tiny_model.py's model
         yield os.environ["TRIO_ROLLOUT_VLLM_URL"].rstrip("/"), os.environ["TRIO_ROLLOUT_VLLM_MODEL_DIR"]
         return
+    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
+        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
+                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
     root = tmp_path_factory.mktemp("vllm")
     model_dir = root / "tiny-llama"
     subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(model_dir)], check=True,
@@ -58,7 +59,8 @@ def vllm(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root)}
     started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
-                              "--enforce-eager"], capture_output=True, text=True, env=env, timeout=420)
+                              "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs"],
+                             capture_output=True, text=True, env=env, timeout=420)
     if started.returncode != 0:
         pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
     try:
@@ -75,12 +77,12 @@ def _model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def teacher_forced(model_dir, prompt, output):
-    """Raw next-token log-probs (no temperature) of ``output`` after ``prompt``: ``[n]``,
-    and the log-probs of every token at those positions: ``[n, V]``."""
+def teacher_forced(model_dir, prompt, output, temperature=1.0):
+    """Next-token log-probs of ``output`` after ``prompt`` under ``log_softmax(logits /
+    temperature)``: ``[n]``, and the log-probs of every token at those positions: ``[n, V]``."""
     with torch.no_grad():
         logits = _model(model_dir)(input_ids=torch.tensor([prompt + output])).logits[0].float()  # [T, V]
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(logits / temperature, dim=-1)
     positions = torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1)
     return logp[positions, torch.tensor(output)], logp[positions]
 
@@ -120,7 +122,7 @@ def backend_for(url, **opts):
     return make_remote_backend("vllm", [url], **{"health_interval_s": 1.0, "request_timeout_s": 120.0, **opts})
 
 
-async def test_tokens_and_raw_logprobs_match_teacher_forcing(vllm, reward_pool):
+async def test_tokens_and_processed_logprobs_match_teacher_forcing(vllm, reward_pool):
     url, model_dir = vllm
     backend = backend_for(url)
     with trio.fail_after(120):
@@ -131,11 +133,13 @@ async def test_tokens_and_raw_logprobs_match_teacher_forcing(vllm, reward_pool):
                 max_new_tokens=32, temperature=1.7, seed=1, ignore_eos=True)))
             greedy = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(
                 greedy=True, max_new_tokens=16, ignore_eos=True)))
-    assert backend.model == "tiny" and backend.logprob_semantics == "raw"
+    assert backend.model == "tiny" and backend.logprob_semantics == "processed"
     assert hot.output_len == 32 and hot.stop_reason == "length" and hot.output_tokens == again.output_tokens
-    lp, _ = teacher_forced(model_dir, PROMPT, hot.output_tokens)
+    lp, _ = teacher_forced(model_dir, PROMPT, hot.output_tokens, temperature=1.7)
     diff = (torch.tensor(hot.output_logprobs) - lp).abs().max().item()
-    assert diff < 0.03, diff  # raw: the temperature (1.7) did not enter the logprobs (bf16 server)
+    assert diff < 0.03, diff  # processed: the temperature (1.7) entered the logprobs
+    raw, _ = teacher_forced(model_dir, PROMPT, hot.output_tokens)
+    assert (torch.tensor(hot.output_logprobs) - raw).abs().max().item() > 0.05
     lp, every = teacher_forced(model_dir, PROMPT, greedy.output_tokens)
     assert (torch.tensor(greedy.output_logprobs) - lp).abs().max().item() < 0.03
     assert (every.max(-1).values - lp).max().item() < 0.03  # each greedy token is an argmax (up to bf16)
@@ -193,10 +197,10 @@ async def test_abort_by_choice_id_and_client_disconnect_stop_server_work(vllm, r
                 await wait_running(url, lambda n: n >= 1)
                 nursery.cancel_scope.cancel()
             await wait_running(url, lambda n: n == 0)
-            while not backend.statistics()["aborts_sent"]:
+            while not backend.statistics().aborts_sent:
                 await trio.sleep(0.01)
     stats = backend.statistics()
-    assert stats["aborts_sent"] == 1 and stats["aborts_failed"] == 0
+    assert stats.aborts_sent == 1 and stats.aborts_failed == 0
 
 
 async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):
@@ -241,3 +245,61 @@ async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):
     assert (torch.tensor(resp.output_logprobs) - lp).abs().max().item() < 0.05  # consistent across the seam
     assert (every.max(-1).values - lp).max().item() < 0.05  # still greedy after the resume
     assert resp.output_tokens[:k] == straight.output_tokens[:k]  # before the pause: the uninterrupted run
+
+
+@pytest.fixture(scope="module")
+def other_weights(vllm, tmp_path_factory):
+    """The same tiny model with perturbed weights, saved as a checkpoint folder the server can read."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    _, model_dir = vllm
+    out = tmp_path_factory.mktemp("vllm-b") / "tiny-llama-b"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(out)
+    for f in Path(model_dir).iterdir():  # tokenizer files
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, out / f.name)
+    return str(out)
+
+
+async def test_engine_update_weights_mid_generation(vllm, other_weights, reward_pool):
+    """``engine.update_weights(folder, version=1)`` during 4 generations on the real server
+    (pause abort, /collective_rpc reload_weights, /update_weight_version, resume): every one
+    completes, versions show the boundary, tokens after it come from the new weights."""
+    url, model_dir = vllm
+    backend = backend_for(url)
+    n = 600
+    prompts = [PROMPT + [97 + i] for i in range(4)]
+    responses = {}
+    with trio.fail_after(300):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            async def one(i):
+                responses[i] = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=G(
+                    max_new_tokens=n, ignore_eos=True)))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i)
+                await wait_for(url, lambda s: s["running"] >= 4 and s["generated"] >= 40, "decoding under way")
+                await engine.update_weights(other_weights, version=1)
+    assert engine.version == 1 and backend.statistics().weight_updates == 1
+    mid = 0
+    for i, resp in responses.items():
+        assert resp.output_len == n and resp.stop_reason == "length"
+        k = resp.output_versions.count(0)
+        assert resp.output_versions == [0] * k + [1] * (n - k)
+        lp = torch.tensor(resp.output_logprobs)
+        if k:
+            old, _ = teacher_forced(model_dir, prompts[i], resp.output_tokens[:k])
+            assert (lp[:k] - old).abs().max().item() < 0.03
+        if k < n:
+            new, _ = teacher_forced(other_weights, prompts[i] + resp.output_tokens[:k], resp.output_tokens[k:])
+            assert (lp[k:] - new).abs().max().item() < 0.03  # re-prefilled and decoded by the new weights
+        mid += 0 < k < n
+    assert mid >= 1

@@ -52,7 +52,7 @@ async def test_k_slots_queue_fifo(reward_pool, autojump_clock):
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         ends = await _finish_times(engine, [(i + 10,) for i in range(5)])
     assert sorted(ends) == pytest.approx([2.0, 2.0, 4.0, 4.0, 6.0])
-    assert backend.statistics()["peak_running_seqs"] == 2
+    assert backend.statistics().peak_running_seqs == 2
 
 
 async def test_decode_step_slows_down_with_running_sequences(reward_pool, autojump_clock):
@@ -93,7 +93,7 @@ async def test_cancelled_request_frees_its_slot(reward_pool, autojump_clock):
         with trio.move_on_after(5.0):
             await engine.agenerate(_req((1,)))
         await trio.testing.wait_all_tasks_blocked()
-        assert backend.statistics()["sequences_running"] == 0
+        assert backend.statistics().sequences_running == 0
         t0 = trio.current_time()
         await engine.agenerate(_req((2,), max_new_tokens=3))  # gets the slot at once
         assert trio.current_time() - t0 == pytest.approx(3.0)
@@ -146,7 +146,7 @@ async def test_abort_is_resumed_by_the_engine(reward_pool, autojump_clock):
         elapsed = trio.current_time() - t0
     assert resp.output_len == 10 and resp.stop_reason == "stop" and resp.output_tokens[-1] == cfg.eos_token_id
     assert elapsed == pytest.approx(2 * 1.0 + 10 * 0.1)  # two prefills, 5 + 5 tokens
-    assert backend.aborts_injected == 1 and backend.statistics()["requests_served"] == 2
+    assert backend.aborts_injected == 1 and backend.statistics().requests_served == 2
     assert backend.requests == [SimRequest(prompt_key([5, 6, 7]), 3, 10, 1.0, "abort")]
     assert simulate_makespan(group_episodes(backend.requests), 1, cfg) == pytest.approx(elapsed)
     async with open_rollout_engine(plain, reward_pool=reward_pool) as engine:
@@ -241,7 +241,7 @@ async def test_thousands_of_requests_in_flight(reward_pool, autojump_clock):
             for i in range(n):
                 nursery.start_soon(one, i)
     assert done == n and backend.peak_in_progress == n
-    assert backend.statistics()["peak_running_seqs"] == 512
+    assert backend.statistics().peak_running_seqs == 512
 
 
 def test_config_validation_names_the_field():

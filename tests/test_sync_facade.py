@@ -3,6 +3,8 @@ in-process reward pool)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import threading
 
 import pytest
@@ -85,8 +87,10 @@ def test_prepare_batch_and_versions_from_a_training_loop():
 
 def test_a_backend_that_fails_to_start_is_reported_with_its_cause():
     class Broken(MockBackend):
-        async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED):
+        @asynccontextmanager
+        async def open(self):
             raise OSError("model file missing")
+            yield self
 
     async def never(req, budget):
         raise AssertionError

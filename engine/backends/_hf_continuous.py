@@ -17,11 +17,13 @@ at the match).  Not supported (a clear :class:`InvalidRequestError`; use
 ``frequency_penalty``, ``image_data``.  Logprobs are those of transformers' ``return_logprobs``:
 the log-softmax of the processed scores, the same semantics as static mode.
 
-Weight updates: ``"abort"`` cancels every running request and replies
-``"abort"`` with its tokens so far (the engine resumes them); ``"in_place"``
-holds ``manager.pause()`` (between two decoding steps; cache and requests kept),
-records the version boundary of every running request after the pump has
-routed every output produced before the pause, and swaps the weights.
+Weight sync (driven by :class:`~engine.backends.hf.HFBackend`): :meth:`ContinuousServer.pause`
+``"abort"`` cancels every running request and replies ``"abort"`` with its tokens so far
+(the engine resumes them); both modes then hold ``manager.pause()`` (between two decoding
+steps; cache and requests kept) and, ``"in_place"``, wait until the pump has routed every
+output produced before the pause.  :meth:`ContinuousServer.mark_boundary` records, after
+the weights were swapped, the version boundary of every request still running;
+:meth:`ContinuousServer.resume` releases the manager.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ import trio
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import ModelResponse
-from .base import GenerationJob
+from ._jobs import Gate, GenerationJob, stop_ids
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from .hf import HFBackend
 
 logger = logging.getLogger(__name__)
@@ -69,8 +73,12 @@ class _Live:
 class ContinuousServer:
     """The continuous-batching half of :class:`HFBackend` (see the module docstring)."""
 
-    def __init__(self, backend: HFBackend, *, cache_tokens: int, page_size: int) -> None:
-        self.backend = backend
+    def __init__(self, backend: HFBackend, gate: Gate, stats: Counter[str], *, cache_tokens: int,
+                 page_size: int) -> None:
+        self.backend = backend  # its public model, tokenizer, vocab_size, max_batch_size, version
+        self.gate = gate  # open unless a weight sync holds new requests
+        self.stats = stats  # the backend's counters
+        self._pause_cm: Any = None
         self.cache_tokens = cache_tokens
         self.page_size = page_size
         self.manager: Any = None
@@ -99,12 +107,14 @@ class ContinuousServer:
             self.manager = b.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
         self.manager.start()
 
-    async def run(self, jobs: trio.MemoryReceiveChannel[GenerationJob]) -> None:
+    async def run(self, jobs: trio.MemoryReceiveChannel[GenerationJob], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
         await trio.to_thread.run_sync(self._start_manager)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_pump)
+                task_status.started()
                 async with jobs:
                     async for job in jobs:
                         if job.withdrawn:
@@ -113,7 +123,7 @@ class ContinuousServer:
                         if problem:
                             job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
                             continue
-                        await self.backend._no_update.wait()
+                        await self.gate.wait_open()
                         nursery.start_soon(self._serve, job)
                 nursery.cancel_scope.cancel()
         finally:
@@ -145,9 +155,9 @@ class ContinuousServer:
         b = self.backend
         req, g = job.request, job.request.gconfig
         live = _Live(job, f"{req.rid}#{next(self._ids)}", b.version,  # version read before sending (PR #1569)
-                     frozenset(b._stop_ids(req)), trio.current_time())
+                     frozenset(stop_ids(b.tokenizer, req)), trio.current_time())
         self._live[live.rid] = live
-        b._stats["requests_running"] += 1
+        self.stats["requests_running"] += 1
         try:
             with job.cancel_scope:
                 self.manager.add_request(
@@ -157,7 +167,7 @@ class ContinuousServer:
                 )
                 await live.done.wait()
         finally:
-            b._stats["requests_running"] -= 1
+            self.stats["requests_running"] -= 1
             if self._live.pop(live.rid, None) is not None and live.result is None:
                 self.manager.cancel_request(live.rid)  # withdrawn: free its slot
         if live.result is not None and not job.withdrawn:
@@ -221,10 +231,9 @@ class ContinuousServer:
             versions = [live.version] * n
             for step, version in live.boundaries:
                 versions[step:] = [version] * max(0, n - step)
-            b = self.backend
-            b._stats["requests_served"] += 1
-            b._stats["tokens_generated"] += n
-            b._stats["aborts"] += reason == "abort"
+            self.stats["requests_served"] += 1
+            self.stats["tokens_generated"] += n
+            self.stats["aborts"] += reason == "abort"
             live.result = outcome.Value(ModelResponse(
                 input_tokens=list(live.job.request.input_ids), output_tokens=tokens, output_logprobs=logprobs,
                 output_versions=versions, stop_reason=reason, latency=trio.current_time() - live.start,
@@ -232,30 +241,29 @@ class ContinuousServer:
             ))
         live.done.set()
 
-    # -- weight updates ------------------------------------------------------------------------
-    async def update_weights(self, state_loader: Any, version: int, mode: str) -> None:
-        """Called by :meth:`HFBackend.update_weights` with dispatch already gated."""
+    # -- weight sync (called by HFBackend, with new requests held by the gate) ------------------
+    async def pause(self, mode: str) -> None:
+        """``"abort"``: answer every running request ``"abort"``; then hold the manager
+        between two steps (``"in_place"``: once every earlier output is routed)."""
         if mode == "abort":
             for live in list(self._live.values()):
                 self.manager.cancel_request(live.rid)
                 self._finish(live, aborted=True)
-            await trio.to_thread.run_sync(self._paused_call, state_loader)
-            self.backend.version = version
-            return
-        pause = self.manager.pause()
-        await trio.to_thread.run_sync(pause.__enter__)
-        try:
+        cm = self.manager.pause()
+        await trio.to_thread.run_sync(cm.__enter__)
+        self._pause_cm = cm
+        if mode == "in_place":
             await trio.to_thread.run_sync(self._wait_routed)
-            await trio.to_thread.run_sync(state_loader)
-            self.backend.version = version
-            for live in self._live.values():
-                live.boundaries.append((len(live.tokens), version))
-        finally:
-            await trio.to_thread.run_sync(pause.__exit__, None, None, None)
 
-    def _paused_call(self, fn: Any) -> None:
-        with self.manager.pause():
-            fn()
+    def mark_boundary(self, version: int) -> None:
+        """The weights changed (manager held): later tokens of running requests carry ``version``."""
+        for live in self._live.values():
+            live.boundaries.append((len(live.tokens), version))
+
+    async def resume(self) -> None:
+        cm, self._pause_cm = self._pause_cm, None
+        if cm is not None:
+            await trio.to_thread.run_sync(cm.__exit__, None, None, None)
 
     def _wait_routed(self) -> None:
         """Thread, loop paused: return once every output produced before the

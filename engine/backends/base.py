@@ -1,168 +1,232 @@
-"""The inference backend interface: an actor that serves generation jobs.
+"""The inference backend interface: one method to generate, one protocol to swap weights.
 
-An episode never calls a backend directly.  ``RolloutEngine.agenerate`` wraps the
-request in a :class:`GenerationJob`, sends it over a bounded trio memory channel
-to the backend actor (started in the engine's nursery), and awaits the reply on a
-one-shot channel.  Cancelling the episode cancels ``job.cancel_scope``: a job not
-yet started is skipped, a running one is interrupted (or, for batched local
-generation, its row is stopped at the next token).
+A backend is what :meth:`engine.RolloutEngine.agenerate` calls, on the episode's own task
+(httpx's transport shape: one method plus ``aclose``)::
 
-Backends implement :meth:`InferenceBackend.run` (the actor loop).  Most backends
-serve each request independently and only implement
-:meth:`PerRequestBackend.generate`; :class:`MockBackend` turns a plain async
-function into a backend for tests (httpx ``MockTransport`` style).
+    async with backend.open():                        # open_rollout_engine does this
+        resp = await backend.generate(request, budget)  # one segment
+    stats = backend.statistics()                       # frozen BackendStatistics
+    await backend.aclose()
+
+* :meth:`InferenceBackend.generate` serves one segment: up to ``budget`` new tokens after
+  ``request.input_ids``.  Cancelling the caller withdraws the request (a queued one is
+  skipped, a running one stopped or aborted on its server).
+* :meth:`InferenceBackend.open` is the backend's *lifetime*: an async context inside which
+  it serves.  Backends with background work run it in a nursery this context opens (the
+  sim's event clock, the remote pool's health probes, the ``hf`` batcher with its job
+  channel); others just yield.  Chosen over a lazy start because a trio task needs a
+  nursery, and only a scope can give one: the engine enters ``open()`` around its episode
+  nursery, so episodes are cancelled before the backend's actors stop, and a start-up
+  failure (model not loadable, no healthy server) raises from ``open_rollout_engine``.
+* :meth:`InferenceBackend.statistics` returns a frozen :class:`BackendStatistics` (a
+  subclass per backend: ``SimStatistics``, ``HFStatistics``, ``RemoteStatistics``).
+* The policy version is owned by whoever drives the backend (the engine; ``rollout
+  serve`` for its local model) and told with :meth:`InferenceBackend.set_version`; the
+  backend only reads it, to tag each segment's tokens with the version read before the
+  segment is sent (AReaL PR #1569).
+
+Weight updates are a separate, optional interface, :class:`WeightSync` (``pause``,
+``resume``, ``update_weights``), checked with ``isinstance`` (a runtime-checkable
+:class:`typing.Protocol`).
+
+:class:`PerRequestBackend` is a base for backends that serve each request independently
+(sim, remote, mock): subclasses implement ``_generate``; ``generate`` adds an optional
+concurrency limit and counters with no extra task or channel hop.  :class:`MockBackend`
+turns a plain async function into a backend for tests (httpx ``MockTransport`` style).
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-import outcome
 import trio
 
-from ..errors import BackendError
+from ..errors import BackendError, InvalidRequestError
 from ..types import STOP_REASONS, ModelRequest, ModelResponse
 
-__all__ = ["GenerationJob", "InferenceBackend", "MockBackend", "PerRequestBackend", "validate_response"]
+__all__ = [
+    "BackendStatistics",
+    "InferenceBackend",
+    "MockBackend",
+    "PerRequestBackend",
+    "WeightSync",
+    "validate_response",
+]
 
 #: vLLM returns this for a logprob it could not compute.
 VLLM_LOGPROB_SENTINEL = -9999.0
 
+#: The modes of :meth:`WeightSync.pause` and :meth:`WeightSync.update_weights`.
+WEIGHT_SYNC_MODES = ("abort", "in_place")
 
-@dataclass(eq=False)
-class GenerationJob:
-    """One request in flight between an episode and the backend actor.
+
+@dataclass(frozen=True, kw_only=True)
+class BackendStatistics:
+    """A snapshot of a backend's counters (subclassed per backend with its own fields).
 
     Attributes:
-        request: the (validated) request.
-        budget: new-token budget, ``min(max_tokens - prompt_len, max_new_tokens)``.
-        cancel_scope: cancelled when the episode withdraws the request
-            (:meth:`withdraw`); per-request backends run the request inside it.
-        enqueued_at: ``trio.current_time()`` when the job was sent (seconds).
+        kind: the backend's name (``"mock"``, ``"sim"``, ``"hf"``, ``"sglang"``, ``"vllm"``).
+        version: the policy version its next segment's tokens will carry.
+        logprob_semantics: the distribution ``output_logprobs`` come from (always
+            ``"processed"``: after temperature, top-k and top-p).
+        requests_served: segments answered (any stop reason).
+        requests_running: segments being served now.
+        tokens_generated: tokens in the answered segments.
     """
 
-    request: ModelRequest
-    budget: int
-    reply_channel: trio.MemorySendChannel[outcome.Outcome[ModelResponse]]
-    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    enqueued_at: float = 0.0
-    #: True once the episode gave up on this job; a plain bool so that backend
-    #: threads (the ``hf`` generate loop) may read it.
-    withdrawn: bool = False
+    kind: str
+    version: int
+    logprob_semantics: str
+    requests_served: int = 0
+    requests_running: int = 0
+    tokens_generated: int = 0
 
-    def withdraw(self) -> None:
-        """Give up on this job: skipped if queued, cancelled if running."""
-        self.withdrawn = True
-        self.cancel_scope.cancel()
 
-    def reply(self, result: outcome.Outcome[ModelResponse]) -> None:
-        """Deliver the result; silently dropped if the episode already left."""
-        try:
-            self.reply_channel.send_nowait(result)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-            pass
+@runtime_checkable
+class WeightSync(Protocol):
+    """Pause generation and swap a backend's weights (the hf backend, the remote clients,
+    ``rollout serve`` through the sglang client).
+
+    ``engine.update_weights`` drives it: ``pause(mode)``, ``update_weights(source,
+    version=, mode=)``, then (the engine sets the version) ``resume()``.
+
+    Modes: ``"abort"``: in-flight generations return at once with stop reason ``"abort"``
+    and their partial tokens (the engine re-sends prompt + partial output after the
+    update); ``"in_place"``: they freeze between two decoding steps and continue with the
+    new weights (only where the backend can tag the tokens after the swap with the new
+    version: the hf backend).  A backend that cannot honour a mode raises
+    :class:`~engine.errors.BackendError` naming it.
+    """
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Stop starting generation work; ``mode`` says what happens to work in flight.
+        Returns once that is done (aborted requests answered, or decoding parked)."""
+        ...
+
+    async def resume(self) -> None:
+        """Undo :meth:`pause`: queued and frozen generations go on."""
+        ...
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """Load new weights from ``source`` (a checkpoint folder; the hf backend also takes
+        a state dict); tokens generated with them will be tagged ``version``.  Called
+        between :meth:`pause` and :meth:`resume` (when called alone it pauses and resumes
+        around itself).  On failure the old weights stay and it raises
+        :class:`~engine.errors.BackendError`."""
+        ...
+
+
+def check_sync_mode(owner: str, mode: str) -> None:
+    """Raise :class:`InvalidRequestError` naming ``owner`` for an unknown weight-sync mode."""
+    if mode not in WEIGHT_SYNC_MODES:
+        raise InvalidRequestError(f"{owner}: mode must be one of {WEIGHT_SYNC_MODES}, got {mode!r}")
 
 
 class InferenceBackend(abc.ABC):
-    """An inference server seen as an actor.
+    """An inference server as the engine sees it (see the module docstring).
 
     Attributes:
-        version: the current policy version (weights generation); tokens are
-            tagged with the version read *before* each segment is sent (AReaL PR #1569).
-        logprob_semantics: which distribution ``output_logprobs`` come from:
-            ``"processed"`` (after temperature/top-k/top-p, SGLang's default) or
-            ``"raw"`` (before, vLLM's default).
+        kind: a short name, reported in :class:`BackendStatistics`.
+        logprob_semantics: which distribution ``output_logprobs`` come from; every
+            backend of this package reports ``"processed"`` (after temperature, top-k and
+            top-p: the distribution that was sampled; SGLang's default, vLLM's
+            ``--logprobs-mode processed_logprobs``).
     """
 
-    version: int = 0
-    logprob_semantics: str = "processed"
+    kind: ClassVar[str] = "backend"
+    logprob_semantics: ClassVar[str] = "processed"
+    _version: int = 0
+
+    @property
+    def version(self) -> int:
+        """The policy version tokens are tagged with (read-only: see :meth:`set_version`)."""
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        """Called by the version's owner (the engine's ``set_version``; ``rollout serve``)
+        only: segments sent from now on carry ``version``."""
+        self._version = version
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[InferenceBackend]:
+        """Serve inside this scope (see the module docstring).  The default has no
+        background work.  Raises what start-up raises (e.g. no model, no server)."""
+        yield self
 
     @abc.abstractmethod
-    async def run(
-        self,
-        jobs: trio.MemoryReceiveChannel[GenerationJob],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Serve jobs until ``jobs`` is closed (``EndOfChannel``) or cancelled.
+    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        """Generate up to ``budget`` (> 0) new tokens after ``request.input_ids``.
 
-        Must call ``task_status.started()`` once ready; a start-up failure is raised
-        before that.  Every job received must get exactly one ``job.reply(...)``
-        unless it was withdrawn.
+        Returns a response whose tokens carry the version read before the segment was
+        sent; stop reason ``"abort"`` (with the partial output) when it was interrupted
+        (pause, weight update): the engine resumes it.  Cancelling the caller withdraws
+        the request.
+
+        Raises:
+            InvalidRequestError: the backend does not support a request field.
+            BackendError: the backend failed (or is not open, for batching backends).
         """
 
     async def aclose(self) -> None:
         """Release resources (models, HTTP clients).  Idempotent."""
 
-    def statistics(self) -> dict[str, Any]:
-        """A snapshot of backend counters (requests, tokens); cheap, sync."""
-        return {"version": self.version}
+    @abc.abstractmethod
+    def statistics(self) -> BackendStatistics:
+        """A frozen snapshot of the backend's counters; cheap, sync."""
 
 
 class PerRequestBackend(InferenceBackend):
-    """A backend that serves each request on its own task.
+    """A backend that serves each request independently, on the caller's task.
 
-    Subclasses implement :meth:`generate`.  ``max_concurrency`` bounds requests
-    in progress (``None`` = unbounded); withdrawn jobs are skipped, running ones
-    are cancelled through ``job.cancel_scope``.
+    Subclasses implement :meth:`_generate`.  ``max_concurrency`` bounds requests in
+    progress (``None`` = unbounded: then no limiter is entered, so no extra schedule
+    point).  Cancelling the caller cancels :meth:`_generate`.
     """
 
     def __init__(self, *, max_concurrency: int | None = None) -> None:
-        self._limiter = trio.CapacityLimiter(max_concurrency if max_concurrency else math.inf)
+        self._limiter = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
         self.requests_served = 0
+        self.requests_running = 0
         self.tokens_generated = 0
 
     @abc.abstractmethod
+    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        """Generate up to ``budget`` new tokens for ``request`` (see :meth:`generate`)."""
+
     async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
-        """Generate up to ``budget`` new tokens for ``request``."""
-
-    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            task_status.started()
-            async with jobs:
-                async for job in jobs:
-                    if not job.withdrawn:
-                        nursery.start_soon(self._serve_one, job)
-
-    async def serve_inline(self, request: ModelRequest, budget: int) -> ModelResponse:
-        """Serve one request on the caller's task: what :meth:`run` does for a job,
-        without the channel hop and the extra task (the engine's path for
-        per-request backends; the actor still runs, for backends that keep shared
-        state in it).  Same limiter and counters; cancelling the caller cancels
-        :meth:`generate`."""
-        if self._limiter.total_tokens == math.inf:  # unlimited: skip the limiter's schedule point (a run-queue pass)
-            resp = await self.generate(request, budget)
-        else:
-            async with self._limiter:
-                resp = await self.generate(request, budget)
+        self.requests_running += 1
+        try:
+            if self._limiter is None:
+                resp = await self._generate(request, budget)
+            else:
+                async with self._limiter:
+                    resp = await self._generate(request, budget)
+        finally:
+            self.requests_running -= 1
         self.requests_served += 1
         self.tokens_generated += resp.output_len
         return resp
 
-    async def _serve_one(self, job: GenerationJob) -> None:
-        with job.cancel_scope:
-            async with self._limiter:
-                result = await outcome.acapture(self.generate, job.request, job.budget)
-            if isinstance(result, outcome.Value):
-                self.requests_served += 1
-                self.tokens_generated += result.value.output_len
-            job.reply(result)
+    def _base_stats(self) -> dict[str, Any]:
+        """The :class:`BackendStatistics` fields, for subclasses' records."""
+        return {"kind": self.kind, "version": self.version, "logprob_semantics": self.logprob_semantics,
+                "requests_served": self.requests_served, "requests_running": self.requests_running,
+                "tokens_generated": self.tokens_generated}
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "requests_served": self.requests_served,
-            "requests_running": self._limiter.borrowed_tokens,
-            "tokens_generated": self.tokens_generated,
-        }
+    def statistics(self) -> BackendStatistics:
+        return BackendStatistics(**self._base_stats())
 
 
 class MockBackend(PerRequestBackend):
-    """Turn ``async handler(request, budget) -> ModelResponse`` into a backend."""
+    """Turn ``async handler(request, budget) -> ModelResponse`` into a backend.  The
+    handler tags tokens itself (``backend.version`` is the engine's version)."""
+
+    kind = "mock"
 
     def __init__(
         self,
@@ -173,7 +237,7 @@ class MockBackend(PerRequestBackend):
         super().__init__(max_concurrency=max_concurrency)
         self._handler = handler
 
-    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
         return await self._handler(request, budget)
 
 

@@ -1,10 +1,12 @@
-"""``hf``: a local transformers model served by a batching actor (CPU, or CUDA).
+"""``hf``: a local transformers model served by a batcher inside the backend (CPU, or CUDA).
 
-The actor takes every request queued at the moment it becomes free (up to
-``max_batch_size``), groups them by sampling parameters, and runs one static,
-left-padded ``model.generate`` per group in a worker thread.  Each row stops at
-its own budget or at its first stop token; a withdrawn (cancelled) row is stopped
-at the next token through a ``StoppingCriteria``.
+``generate`` puts the segment on the backend's own job queue (:mod:`engine.backends._jobs`)
+and awaits the reply; the batcher runs inside :meth:`HFBackend.open` (loading the model
+first).  Static mode: the batcher takes every request queued at the moment it becomes free
+(up to ``max_batch_size``), groups them by sampling parameters, and runs one static,
+left-padded ``model.generate`` per group in a worker thread.  Each row stops at its own
+budget or at its first stop token; a withdrawn (cancelled) row is stopped at the next token
+through a ``StoppingCriteria``.  Continuous mode: :mod:`engine.backends._hf_continuous`.
 
 Sampling and seeds (ours): every row of a batch samples with its own
 ``torch.Generator``, seeded with its request's ``gconfig.seed`` (or a random
@@ -22,25 +24,27 @@ the sampled token, i.e. of the distribution that was actually sampled (after
 temperature, top-k and top-p), captured at each decoding step by a logits
 processor placed after the warpers.  With ``temperature=1``,
 no top-k/top-p, or greedy decoding this equals the model's raw next-token
-log-probability (what a teacher-forced forward pass gives).  SGLang returns the
-same kind by default; vLLM returns raw logprobs (``SERVERS_AND_MODELS.md`` §6).
+log-probability (what a teacher-forced forward pass gives).  Every backend of this
+package reports this kind (SGLang by default; vLLM with ``--logprobs-mode
+processed_logprobs``, which the ``vllm`` backend checks).
 
-Versions: every token of a segment carries ``self.version`` read before the
-segment starts (AReaL PR #1569); a weight update in place moves the version
-mid-segment, and tokens after that step carry the new one.
+Versions: every token of a segment carries ``self.version`` (told by the engine) read
+before the segment starts (AReaL PR #1569); after an in-place weight update, tokens
+decoded with the new weights carry the update's version.
 
-Weight updates (:meth:`HFBackend.update_weights`), two modes:
+Weight updates (:class:`~engine.backends.base.WeightSync`: ``pause``, ``update_weights``,
+``resume``; ``engine.update_weights`` drives them), two modes:
 
 * ``"abort"``: the running batch stops at its next decoding step; unfinished
   rows return ``stop_reason="abort"`` with their partial tokens, the weights
-  load, the version changes, and the engine re-sends prompt + partial output
+  load, and after ``resume`` the engine re-sends prompt + partial output
   (re-prefilled with the new weights).
 * ``"in_place"``: the running batch parks between two decoding steps, the
-  weights are copied into the same parameters, and decoding continues (the KV
-  cache of earlier tokens keeps the old weights' keys/values, as SGLang's
-  in-place pause does).
+  weights are copied into the same parameters, and decoding continues after
+  ``resume`` (the KV cache of earlier tokens keeps the old weights' keys/values, as
+  SGLang's in-place pause does).
 
-No new batch starts while an update is in progress.
+No new batch starts while paused.
 
 Images: a model with a ``vision_config`` (an image-text-to-text model such as Llava or
 Qwen2-VL) is loaded with ``AutoModelForImageTextToText``, and its processor with
@@ -61,7 +65,10 @@ import logging
 import math
 import os
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +77,10 @@ import trio
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import ModelRequest, ModelResponse
-from .base import GenerationJob, InferenceBackend
+from ._jobs import Gate, GenerationJob, JobQueue, stop_ids
+from .base import BackendStatistics, InferenceBackend, check_sync_mode
 
-__all__ = ["HFBackend"]
+__all__ = ["HFBackend", "HFStatistics"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +102,34 @@ def _batch_key(req: ModelRequest) -> tuple:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class HFStatistics(BackendStatistics):
+    """:class:`~engine.backends.base.BackendStatistics` of an :class:`HFBackend`.
+
+    Attributes:
+        mode: ``"static"`` or ``"continuous"``.
+        requests_waiting: received, not yet in a running batch (static).
+        batches: ``generate`` calls (static).
+        batch_occupancy: mean requests per ``generate`` call (static).
+        aborts: segments answered ``"abort"`` (weight updates in abort mode).
+        weight_updates: weight updates applied.
+        paused: a weight sync holds new batches.
+    """
+
+    mode: str
+    requests_waiting: int = 0
+    batches: int = 0
+    batch_occupancy: float = 0.0
+    aborts: int = 0
+    weight_updates: int = 0
+    paused: bool = False
+
+
 class HFBackend(InferenceBackend):
     """Serve a transformers causal LM from this process.
 
     Args:
-        model: a local HF folder or hub id (loaded at actor start-up), or an
+        model: a local HF folder or hub id (loaded when the backend opens), or an
             already-loaded ``PreTrainedModel`` (then ``tokenizer`` is required).
         tokenizer: optional tokenizer (loaded from ``model`` when omitted).
         device: ``"cuda"`` when available else ``"cpu"`` by default.
@@ -109,21 +140,24 @@ class HFBackend(InferenceBackend):
             and leave the running batch independently; see
             :mod:`engine.backends._hf_continuous` for what it supports).
         max_batch_size: requests per ``generate`` call (static) or per step
-            (continuous).
+            (continuous); also the job queue's capacity.
         batch_window_s: a batch keeps collecting requests while each arrives
             within this many seconds of the previous one, so that a burst of
             episodes lands in one batch (static mode).
         cache_tokens: KV-cache size of continuous mode, in tokens (sized
             explicitly: auto-sizing takes ~15 s on CPU).
 
-    Raises (from ``run`` start-up): whatever transformers raises when the model
-    cannot be loaded.  Per request: :class:`InvalidRequestError` for an
-    unsupported parameter (``frequency_penalty``; ``image_data`` on a text-only
-    model or in continuous mode; an ``image_data`` entry that is not a base64
-    image, or no processor to read it with).
+    Raises:
+        InvalidRequestError: a bad argument (naming it).  From :meth:`open`: whatever
+            transformers raises when the model cannot be loaded.  Per request:
+            :class:`InvalidRequestError` for an unsupported parameter
+            (``frequency_penalty``; ``image_data`` on a text-only model or in
+            continuous mode; an ``image_data`` entry that is not a base64 image, or
+            no processor to read it with); :class:`BackendError` when the backend is
+            not open.
     """
 
-    logprob_semantics = "processed"
+    kind = "hf"
 
     def __init__(
         self,
@@ -152,19 +186,20 @@ class HFBackend(InferenceBackend):
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.cache_tokens = cache_tokens
-        self._server: Any = None
-        self.version = 0
-        self._stats = defaultdict(int)
+        self._queue: JobQueue | None = None
+        self._server: Any = None  # the ContinuousServer, in continuous mode
+        self._stats: Counter[str] = Counter()
         self._waiting = 0  # requests received, not yet in a running batch
-        # weight-update coordination between the trio side and the generate thread
-        self._no_update = trio.Event()  # set when no update is in progress
-        self._no_update.set()
+        # weight sync between the trio side and the generate thread
+        self._gate = Gate()  # closed while paused: no new batch starts
+        self._paused_mode: str | None = None
         self._group_running = False
         self._abort_flag = False  # read by the generate thread
         self._hold_flag = False
+        self._boundary_version: int | None = None  # the version of weights loaded in place
         self._parked = threading.Event()  # set by the generate thread while held
         self._release = threading.Event()
-        self.update_requested = threading.Event()  # set while an update waits for the batch
+        self.update_requested = threading.Event()  # set while a pause is on (the thread may poll it)
         self._group_changed = trio.lowlevel.ParkingLot()
         self._token: trio.lowlevel.TrioToken | None = None
         self.accepts_images = False  # set at load: the model has a vision tower
@@ -206,18 +241,43 @@ class HFBackend(InferenceBackend):
                         if isinstance(getattr(config, name, None), int)), None)
         self.context_length: int | None = context
 
-    # -- actor ---------------------------------------------------------------
-    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    # -- lifetime and requests ------------------------------------------------
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[HFBackend]:
+        """Load the model (in a thread), then run the batcher until the scope ends;
+        requests still queued then fail with :class:`BackendError`."""
         await trio.to_thread.run_sync(self._load)
         self._token = trio.lowlevel.current_trio_token()
-        if self.mode == "continuous":
-            from ._hf_continuous import ContinuousServer
+        queue = JobQueue(self.max_batch_size)
+        try:
+            async with trio.open_nursery() as nursery:
+                if self.mode == "continuous":
+                    from ._hf_continuous import ContinuousServer
 
-            self._server = ContinuousServer(self, cache_tokens=self.cache_tokens, page_size=32)
-            task_status.started()
-            await self._server.run(jobs)
-            return
-        task_status.started()
+                    self._server = ContinuousServer(self, self._gate, self._stats, cache_tokens=self.cache_tokens,
+                                                    page_size=32)
+                    await nursery.start(self._server.run, queue.jobs)
+                else:
+                    nursery.start_soon(self._serve_batches, queue.jobs)
+                self._queue = queue
+                try:
+                    yield self
+                finally:
+                    self._queue = None
+                    queue.close()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._server = None
+
+    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        queue = self._queue
+        if queue is None:
+            raise BackendError(f"request {request.rid}: the hf backend is not open (use `async with backend.open()`; "
+                               "open_rollout_engine does)")
+        return await queue.submit(request, budget)
+
+    async def _serve_batches(self, jobs: trio.MemoryReceiveChannel[GenerationJob]) -> None:
+        """Static mode's batcher: collect a batch, run it group by group."""
         async with jobs:
             while True:
                 try:
@@ -254,7 +314,7 @@ class HFBackend(InferenceBackend):
                     groups[_batch_key(job.request)].append(job)  # seeded rows too: each has its own generator
                 self._waiting = sum(len(g) for g in groups.values())
                 for group in groups.values():
-                    await self._no_update.wait()  # no batch starts during a weight update
+                    await self._gate.wait_open()  # no batch starts while a weight sync holds it
                     self._waiting -= len(group)
                     await self._run_group(group)
 
@@ -333,53 +393,84 @@ class HFBackend(InferenceBackend):
                 )
             )
 
-    # -- weight updates --------------------------------------------------------------
+    # -- weight sync (engine.backends.base.WeightSync) ----------------------------------
+    @property
+    def paused(self) -> bool:
+        return self._paused_mode is not None
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Hold new batches; ``"abort"``: stop the running batch at its next step (its
+        unfinished rows answer ``"abort"`` with their partial tokens); ``"in_place"``:
+        park it between two steps.  Returns once that happened.  Pausing again while
+        paused does nothing.
+
+        Raises:
+            InvalidRequestError: unknown mode.
+        """
+        check_sync_mode("hf backend pause", mode)
+        if self._paused_mode is not None:
+            return
+        self._paused_mode = mode
+        self._gate.close()
+        self._boundary_version = None
+        self.update_requested.set()
+        if self._server is not None:
+            await self._server.pause(mode)
+            return
+        if mode == "abort":
+            self._abort_flag = True
+        else:
+            self._release.clear()
+            self._hold_flag = True
+        try:
+            while self._group_running and not (mode == "in_place" and self._parked.is_set()):
+                await self._group_changed.park()
+        finally:
+            self._abort_flag = False
+
+    async def resume(self) -> None:
+        """Release a parked batch and let new batches start."""
+        if self._paused_mode is None:
+            return
+        if self._server is not None:
+            await self._server.resume()
+        self._hold_flag = False
+        self._release.set()
+        self.update_requested.clear()
+        self._paused_mode = None
+        self._gate.open()
+
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
-        """Load new weights and set the policy version.
+        """Load new weights; tokens decoded with them carry ``version`` (the rows of a
+        batch parked in place; later segments carry the version the engine sets).
 
         Args:
             source: a state dict (``{name: tensor}``) or a checkpoint folder that
                 ``from_pretrained`` can load (same architecture).
-            version: the new policy version.
-            mode: ``"abort"`` or ``"in_place"`` (see the module docstring).
+            version: the version of the new weights.
+            mode: ``"abort"`` or ``"in_place"`` (see the module docstring); used to
+                pause when the backend is not paused already (then it resumes after).
 
         Raises:
             InvalidRequestError: unknown ``mode``.
             BackendError: the weights do not fit the model (missing/unexpected keys,
-                shape mismatch); the old weights and version stay.
+                shape mismatch); the old weights stay.
         """
-        if mode not in ("abort", "in_place"):
-            raise InvalidRequestError(f"update_weights: mode must be 'abort' or 'in_place', got {mode!r}")
-        self._no_update = trio.Event()
-        if self._server is not None:
-            self.update_requested.set()
-            try:
-                state = await trio.to_thread.run_sync(self._read_state, source)
-                await self._server.update_weights(lambda: self._load_state(state), version, mode)
-                self._stats["weight_updates"] += 1
-            finally:
-                self.update_requested.clear()
-                self._no_update.set()
-            return
+        check_sync_mode("hf backend update_weights", mode)
+        own_pause = self._paused_mode is None
+        if own_pause:
+            await self.pause(mode)
         try:
-            if mode == "abort":
-                self._abort_flag = True
-            else:
-                self._release.clear()
-                self._hold_flag = True
-            self.update_requested.set()
-            while self._group_running and not (mode == "in_place" and self._parked.is_set()):
-                await self._group_changed.park()
-            self._abort_flag = False
             state = await trio.to_thread.run_sync(self._read_state, source)
             await trio.to_thread.run_sync(self._load_state, state)
-            self.version = version
             self._stats["weight_updates"] += 1
+            if self._server is not None:
+                self._server.mark_boundary(version)
+            else:
+                self._boundary_version = version
         finally:
-            self._abort_flag = self._hold_flag = False
-            self.update_requested.clear()
-            self._release.set()
-            self._no_update.set()
+            if own_pause:
+                await self.resume()
 
     def _read_state(self, source: Any) -> dict[str, Any]:
         if isinstance(source, (str, Path)):
@@ -397,23 +488,16 @@ class HFBackend(InferenceBackend):
             raise BackendError(f"update_weights: the new weights do not fit the model: {exc}") from exc
 
     def _held(self, step: int, boundaries: list[tuple[int, int]]) -> None:
-        """In the generate thread: park until an in-place update is done."""
+        """In the generate thread: park until an in-place pause ends."""
         self._parked.set()
         if self._token is not None:
             trio.from_thread.run_sync(self._group_changed.unpark_all, trio_token=self._token)
         self._release.wait()
         self._parked.clear()
-        boundaries.append((step, self.version))
+        if self._boundary_version is not None:
+            boundaries.append((step, self._boundary_version))
 
     # -- generation (runs in a worker thread) --------------------------------
-    def _stop_ids(self, req: ModelRequest) -> set[int]:
-        stop = set(req.gconfig.stop_token_ids)
-        if not req.gconfig.ignore_eos:
-            eos = self.tokenizer.eos_token_id
-            if eos is not None:
-                stop.add(int(eos))
-        return stop
-
     def _generate(
         self, group: list[GenerationJob], boundaries: list[tuple[int, int]]
     ) -> tuple[list[tuple[list[int], list[float], str] | InvalidRequestError], float]:
@@ -450,10 +534,10 @@ class HFBackend(InferenceBackend):
 
         g = group[0].request.gconfig
         budgets = [job.budget for job in group]
-        stop_ids = self._stop_ids(group[0].request)
+        stops = stop_ids(self.tokenizer, group[0].request)
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
-            pad_id = next(iter(stop_ids), 0)
+            pad_id = next(iter(stops), 0)
         prompts = [job.request.input_ids for job in group]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(group), width), pad_id, dtype=torch.long)
@@ -544,7 +628,7 @@ class HFBackend(InferenceBackend):
             top_p=1.0,
             top_k=0,
             repetition_penalty=1.0,
-            eos_token_id=sorted(stop_ids) or None,
+            eos_token_id=sorted(stops) or None,
             pad_token_id=pad_id,
         )
         with torch.inference_mode():
@@ -560,7 +644,7 @@ class HFBackend(InferenceBackend):
         gen = sequences[:, width:].tolist()  # [B, steps]
         rows = []
         for i, job in enumerate(group):
-            tokens, lps, reason = self._trim(job.request, gen[i], logprobs[i], budgets[i], stop_ids)
+            tokens, lps, reason = self._trim(job.request, gen[i], logprobs[i], budgets[i], stops)
             if aborted[0] and reason == "length" and len(tokens) < budgets[i]:
                 reason = "abort"  # interrupted by a weight update: the engine resumes it
             rows.append((tokens, lps, reason))
@@ -583,17 +667,15 @@ class HFBackend(InferenceBackend):
                     break
         return tokens[:n], logprobs[:n], reason
 
-    def statistics(self) -> dict[str, Any]:
-        """Requests running and waiting, tokens generated, mean batch occupancy
-        (requests per ``generate`` call), aborts, weight updates, version."""
-        stats = dict(self._stats)
-        batches = stats.pop("batch_occupancy_sum", 0)
-        return {
-            **stats,
-            "version": self.version,
-            "requests_waiting": self._waiting,
-            "batch_occupancy": batches / stats["batches"] if stats.get("batches") else 0.0,
-        }
+    def statistics(self) -> HFStatistics:
+        s = self._stats
+        return HFStatistics(
+            kind=self.kind, version=self.version, logprob_semantics=self.logprob_semantics,
+            requests_served=s["requests_served"], requests_running=s["requests_running"],
+            tokens_generated=s["tokens_generated"], mode=self.mode, requests_waiting=self._waiting,
+            batches=s["batches"], batch_occupancy=s["batch_occupancy_sum"] / s["batches"] if s["batches"] else 0.0,
+            aborts=s["aborts"], weight_updates=s["weight_updates"], paused=self.paused,
+        )
 
 
 def _auto_model_class(image_text_to_text: bool) -> Any:

@@ -6,9 +6,7 @@
                                   request_timeout_s=900, max_attempts=5)
     async with open_rollout_engine(backend) as engine:
         ...
-        await backend.pause_generation()                       # abort in-flight work
-        await backend.update_weights_from_disk(path, version=3)  # sglang only
-        await backend.continue_generation()
+        await engine.update_weights("/ckpt/step3", version=3)  # pause, load on every server, resume
 
 One call of :meth:`RemoteBackend.generate` serves one segment the engine sends:
 
@@ -49,15 +47,27 @@ ejected after ``eject_after_failures`` consecutive failed probes or attempts, an
 it refuses a connection; an ejection by probes (the server stopped answering: presumed hung)
 cancels its attempts in flight, which fail over (on a dead server they fail on their own).  A
 successful probe re-admits it (after replaying a weight update it missed, see
-:meth:`RemoteBackend.update_weights_from_disk`).
+:meth:`RemoteBackend.update_weights`).
+
+Weight updates (:class:`~engine.backends.base.WeightSync`).  :meth:`RemoteBackend.pause`
+pauses client-side (nothing is sent while paused) and on every healthy server (mode
+``"abort"``: in-flight requests come back ``abort`` with their partial tokens, which the
+engine re-sends after the update); :meth:`RemoteBackend.update_weights` sends the wire
+protocol's update calls (:meth:`RemoteBackend.weight_update_calls`) to every healthy
+server, in order; a server that fails a step (or is ejected at the time) is ejected and
+marked stale, and the same calls are replayed to it before it is re-admitted, so no
+server serves old weights under the new version; :meth:`RemoteBackend.resume` continues
+every server, then the client.  Only mode ``"abort"``: after an in-place swap a server
+does not report at which token the weights changed, so tokens could not carry the right
+version.
 
 Cancellation.  When an attempt is cancelled (its episode cancelled, the deadline or the
 attempt timeout passed) the server is told to abort the wire id, inside a shielded scope
 bounded by ``abort_timeout_s``; the dropped connection also makes SGLang and vLLM stop.
 Wire errors are classified in one place, :func:`map_exceptions`.
 
-Versions.  Tokens carry ``self.version`` read just before their attempt is sent (AReaL PR
-#1569); the server's own ``weight_version`` (SGLang ``meta_info``) is recorded per server in
+Versions.  Tokens carry ``self.version`` (the engine's, told by ``set_version``) read just
+before their attempt is sent (AReaL PR #1569); the server's own ``weight_version`` (SGLang ``meta_info``) is recorded per server in
 :meth:`statistics`, and a numeric one that disagrees is counted as ``weight_version_mismatches``.
 """
 
@@ -66,10 +76,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -78,11 +89,12 @@ import trio
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import ModelRequest, ModelResponse
-from .base import PerRequestBackend
+from .base import BackendStatistics, PerRequestBackend, check_sync_mode
 
 __all__ = [
     "RemoteBackend",
     "RemoteCallError",
+    "RemoteStatistics",
     "RemoteTimeouts",
     "RetryPolicy",
     "ServerPool",
@@ -444,11 +456,12 @@ class ParsedGeneration:
 
 
 class RemoteBackend(PerRequestBackend):
-    """A pool of inference servers behind one backend actor (see the module docstring).
+    """A pool of inference servers behind one backend (see the module docstring).
 
     Subclasses set ``kind``, ``generate_path``, ``health_path``, ``pause_modes``,
-    ``logprob_semantics`` and implement :meth:`build_payload`, :meth:`parse_generation`,
-    :meth:`abort_call`, :meth:`pause_call`, :meth:`continue_call`.
+    ``sync_pause_modes`` and implement :meth:`build_payload`, :meth:`parse_generation`,
+    :meth:`abort_call`, :meth:`pause_call`, :meth:`continue_call`,
+    :meth:`weight_update_calls`.
 
     Args:
         servers: base URLs (``http://host:port``); an sglang-router URL counts as one server.
@@ -465,6 +478,8 @@ class RemoteBackend(PerRequestBackend):
     generate_path: ClassVar[str] = "/generate"
     health_path: ClassVar[str] = "/health"
     pause_modes: ClassVar[tuple[str, ...]] = ("abort",)
+    #: :meth:`pause` modes (the engine's names) -> this server's pause modes
+    sync_pause_modes: ClassVar[dict[str, str]] = {"abort": "abort", "in_place": "in_place"}
 
     def __init__(
         self,
@@ -483,9 +498,9 @@ class RemoteBackend(PerRequestBackend):
             servers = [servers]
         self.timeouts = timeouts or RemoteTimeouts()
         self.retry = retry or RetryPolicy()
+        self._ready = False  # wait_ready has run (it runs once)
         self.pool = ServerPool(list(servers), eject_after_failures=self.retry.eject_after_failures,
                                sticky_cache_size=sticky_cache_size)
-        self.version = 0
         self._transport = transport
         self._headers = dict(headers or {})
         self._client: httpx.AsyncClient | None = None
@@ -495,7 +510,7 @@ class RemoteBackend(PerRequestBackend):
         self._pause_epoch = 0
         self._unpaused = trio.Event()
         self._unpaused.set()
-        self._weight_update: tuple[str, dict[str, Any]] | None = None  # last one, replayed to stale servers
+        self._weight_update: list[WireCall] | None = None  # the last update's calls, replayed to stale servers
         self._stats: Counter[str] = Counter()
 
     # -- HTTP plumbing ------------------------------------------------------------
@@ -554,32 +569,40 @@ class RemoteBackend(PerRequestBackend):
                 nursery.start_soon(one, url)
         return answers, errors
 
-    # -- actor --------------------------------------------------------------------
-    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Wait for a healthy server (:meth:`wait_ready`), then serve jobs with health
-        checks running."""
+    # -- lifetime -----------------------------------------------------------------
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[RemoteBackend]:
+        """Wait for a healthy server (``startup_timeout_s``), then serve with health
+        probes running in the background.
+
+        Raises:
+            BackendError: no server answered its health route in time.
+        """
         await self.wait_ready()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._health_loop)
-            await super().run(jobs, task_status=task_status)
+            yield self
             nursery.cancel_scope.cancel()
 
     async def wait_ready(self) -> None:
         """Wait until a server answers its health route, then run :meth:`after_startup`.
 
-        ``run`` calls it; a caller may call it first (e.g. to ask the servers which model
-        they serve, :meth:`served_models`), then ``run`` finds a healthy server at once.
+        :meth:`open` calls it; a caller may call it first (e.g. to ask the servers which
+        model they serve, :meth:`served_models`); it then runs once only.
 
         Raises:
             BackendError: every server refuses access (HTTP 401/403: at once, no waiting),
                 or no server answered within ``startup_timeout_s``.
         """
+        if self._ready:
+            return
         with trio.move_on_after(self.timeouts.startup_timeout_s):
             first = True
             while True:
                 await self.check_health(eject_now=True)
                 if self.pool.healthy:
                     await self.after_startup()
+                    self._ready = True
                     return
                 if self.pool.all_denied:
                     raise BackendError(f"{self.kind} backend: every server refused access: "
@@ -655,9 +678,10 @@ class RemoteBackend(PerRequestBackend):
         if server.denied is not None:
             return  # healthy, but it refuses our requests: never back in rotation
         if not server.healthy and server.stale_weights and self._weight_update is not None:
-            path, body = self._weight_update
             try:
-                await self.call(server.url, "POST", path, json=body)
+                for method, path, body, params in self._weight_update:
+                    _check_success(server.url, path, await self.call(server.url, method, path, json=body,
+                                                                     params=params))
             except RemoteCallError as exc:
                 server.last_error = f"replaying the missed weight update failed: {exc}"
                 return
@@ -667,7 +691,7 @@ class RemoteBackend(PerRequestBackend):
         self.pool.readmit(server)
 
     # -- generation ---------------------------------------------------------------
-    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
         """Serve one segment with routing, retries, failover and a deadline.
 
         Raises:
@@ -868,6 +892,83 @@ class RemoteBackend(PerRequestBackend):
     def paused(self) -> bool:
         return self._paused
 
+    # -- weight sync (engine.backends.base.WeightSync) --------------------------------
+    async def pause(self, mode: str = "abort") -> None:
+        """:meth:`pause_generation` with the engine's mode names (``"abort"``, and
+        ``"in_place"`` as this server calls it: :attr:`sync_pause_modes`).
+
+        Raises:
+            InvalidRequestError: unknown mode.
+            BackendError: a server failed to pause (the client side stays paused).
+        """
+        check_sync_mode(f"{self.kind} backend pause", mode)
+        await self.pause_generation(self.sync_pause_modes[mode])
+
+    async def resume(self) -> None:
+        """:meth:`continue_generation` on every healthy server, then the client."""
+        await self.continue_generation()
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """Load the checkpoint folder ``source`` on every server (see the module
+        docstring); the servers are told ``version`` as their weight version.  Call it
+        between :meth:`pause` and :meth:`resume` (``engine.update_weights`` does).
+
+        Raises:
+            InvalidRequestError: unknown mode.
+            BackendError: ``mode="in_place"``; ``source`` is not a folder path; or no
+                server succeeded (the error names each server's failure).
+        """
+        check_sync_mode(f"{self.kind} backend update_weights", mode)
+        if mode != "abort":
+            raise BackendError(f"{self.kind} backend: update_weights mode {mode!r} is not supported: a server does "
+                               "not report at which token its weights changed, so the tokens after the swap could "
+                               "not carry the new version; use mode='abort'")
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
+        if not isinstance(source, str) or not source:
+            raise BackendError(f"{self.kind} backend: update_weights needs a checkpoint folder (a path every server "
+                               f"can read), got {type(source).__name__}")
+        await self.apply_weight_update(self.weight_update_calls(source, version), what=source)
+
+    async def apply_weight_update(self, calls: list[WireCall], *, what: str,
+                                  servers: Sequence[str] | None = None) -> dict[str, Any]:
+        """Send ``calls`` in order to every healthy server (or ``servers``); a server that
+        fails one is skipped for the rest.  With the default targets, every pool server
+        that did not complete them (failed, or ejected now) is ejected and marked stale:
+        the calls are replayed to it before it is re-admitted.
+
+        Returns ``{url: answer to the last call}`` of the servers that completed them.
+
+        Raises:
+            BackendError: no server completed them.
+        """
+        targets = [s.url for s in self.pool.healthy] if servers is None else list(servers)
+        errors: dict[str, RemoteCallError] = {}
+        answers: dict[str, Any] = {}
+        for method, path, body, params in calls:
+            answers, failed = await self.broadcast(method, path, json=body, params=params, servers=targets)
+            for url, answer in list(answers.items()):
+                try:
+                    _check_success(url, path, answer)
+                except RemoteCallError as exc:
+                    failed[url] = exc
+                    del answers[url]
+            errors.update(failed)
+            targets = [u for u in targets if u in answers]
+        if not answers:
+            raise BackendError(f"{self.kind}: the weight update to {what} failed on every server: "
+                               + ("; ".join(f"{u}: {e}" for u, e in errors.items()) or "no healthy server"))
+        self._weight_update = list(calls)
+        self._stats["weight_updates"] += 1
+        if servers is None:
+            for server in self.pool.servers:
+                if server.url in answers:
+                    server.stale_weights = False
+                else:
+                    server.stale_weights = True
+                    self.pool.eject(server, f"missed the weight update to {what}: {errors.get(server.url)}")
+        return answers
+
     async def router_workers(self, url: str | None = None) -> list[str]:
         """The worker URLs behind an sglang-router / SGLang Model Gateway (``GET /workers``)
         at ``url`` (default: the first server), for control calls the router does not forward."""
@@ -902,21 +1003,65 @@ class RemoteBackend(PerRequestBackend):
     def continue_call(self) -> tuple[str, str, Any, dict[str, Any] | None]:
         raise NotImplementedError
 
+    def weight_update_calls(self, folder: str, version: int) -> list[WireCall]:
+        """The calls that load ``folder`` on one server and set its weight version."""
+        raise BackendError(f"{self.kind} backend: loading weights on its servers is not implemented")
+
     # -- statistics -----------------------------------------------------------------
-    def statistics(self) -> dict[str, Any]:
-        stats = super().statistics()
-        stats.update({name: self._stats[name] for name in _COUNTERS})
-        stats["kind"] = self.kind
-        stats["logprob_semantics"] = self.logprob_semantics
-        stats["paused"] = self._paused
-        stats["servers"] = [asdict(s) for s in self.pool.statistics()]
-        return stats
+    def statistics(self) -> RemoteStatistics:
+        return RemoteStatistics(**self._base_stats(), **{name: self._stats[name] for name in _COUNTERS},
+                                paused=self._paused, servers=tuple(self.pool.statistics()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteStatistics(BackendStatistics):
+    """:class:`~engine.backends.base.BackendStatistics` of a :class:`RemoteBackend`.
+
+    Attributes:
+        attempts, retries, failovers: HTTP attempts, retries after a transient failure,
+            and retries sent at once to another server.
+        requests_failed, deadline_exceeded, attempt_timeouts: segments failed, segments
+            past ``request_timeout_s``, attempts past ``attempt_timeout_s``.
+        empty_aborts: answers ``abort`` with no token (retried, never returned).
+        aborts_sent, aborts_failed: abort calls for cancelled attempts.
+        health_failures, waits_for_server: failed probes; waits for a re-admission.
+        weight_version_mismatches: answers whose numeric server weight version differed
+            from the version the tokens were tagged with.
+        weight_updates: weight updates applied (:meth:`RemoteBackend.update_weights`).
+        paused: the client-side pause is on.
+        servers: one :class:`ServerStatistics` per server, in the order given.
+    """
+
+    aborts_failed: int = 0
+    aborts_sent: int = 0
+    attempt_timeouts: int = 0
+    attempts: int = 0
+    deadline_exceeded: int = 0
+    empty_aborts: int = 0
+    failovers: int = 0
+    health_failures: int = 0
+    requests_failed: int = 0
+    retries: int = 0
+    waits_for_server: int = 0
+    weight_version_mismatches: int = 0
+    weight_updates: int = 0
+    paused: bool = False
+    servers: tuple[ServerStatistics, ...] = ()
 
 
 #: counters reported by :meth:`RemoteBackend.statistics` (0 until something happens)
 _COUNTERS = ("aborts_failed", "aborts_sent", "attempt_timeouts", "attempts", "deadline_exceeded", "empty_aborts",
              "failovers", "health_failures", "requests_failed", "retries", "waits_for_server",
-             "weight_version_mismatches")
+             "weight_version_mismatches", "weight_updates")
+
+#: one control call: ``(method, path, json body, query params)``
+WireCall = tuple[str, str, Any, "dict[str, Any] | None"]
+
+
+def _check_success(url: str, path: str, answer: Any) -> None:
+    """An answer ``{"success": false, "message": ...}`` (SGLang, vLLM) is a failure."""
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise RemoteCallError(f"{url}{path}: {answer.get('message') or answer}", url=url)
 
 
 def _history(history: list[str], keep: int = 3) -> str:

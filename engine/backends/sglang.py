@@ -28,7 +28,10 @@ temperature-scaled distribution unless the server runs with ``SGLANG_RETURN_ORIG
 
 Abort: ``POST /abort_request {"rid": wire_id}``.  Pause: ``POST /pause_generation``
 (``{}`` for the default abort mode, ``{"mode": "retract"|"in_place"}`` otherwise), continue:
-``POST /continue_generation``.  Weights: :meth:`SGLangBackend.update_weights_from_disk`.
+``POST /continue_generation``.  Weights (:class:`~engine.backends.base.WeightSync`, through
+``engine.update_weights``): ``POST /update_weights_from_disk {"model_path", "weight_version",
+"abort_all_requests": true}`` on every server of the pool (:meth:`SGLangBackend.update_weights_from_disk`
+for the raw call).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any
 
 from ..errors import BackendError
 from ..types import ModelRequest
-from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, sampling_top_k
+from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall, sampling_top_k
 
 __all__ = ["SGLangBackend"]
 
@@ -55,7 +58,6 @@ class SGLangBackend(RemoteBackend):
     """
 
     kind = "sglang"
-    logprob_semantics = "processed"
     generate_path = "/generate"
     health_path = "/health"
     pause_modes = ("abort", "retract", "in_place")
@@ -150,23 +152,28 @@ class SGLangBackend(RemoteBackend):
         url = url or _first_healthy(self)
         return await self.call(url, "GET", "/get_model_info")
 
+    def weight_update_calls(self, folder: str, version: int) -> list[WireCall]:
+        # abort_all_requests: what is still running (nothing, after pause("abort")) answers
+        # abort with its partial tokens instead of holding the update
+        return [("POST", "/update_weights_from_disk",
+                 {"model_path": folder, "weight_version": str(version), "abort_all_requests": True}, None)]
+
     async def update_weights_from_disk(self, model_path: str, *, version: int | None = None,
                                        abort_all_requests: bool = False, servers: Sequence[str] | None = None,
                                        **extra: Any) -> dict[str, Any]:
-        """Load new weights on every healthy server: ``POST /update_weights_from_disk``.
+        """The raw call: ``POST /update_weights_from_disk`` on every healthy server (or
+        ``servers``).  ``engine.update_weights`` (pause, this, set the version, resume) is
+        the usual way; this one changes no version.
 
         Args:
             model_path: the checkpoint folder, as the servers see it.
-            version: the new policy version; sent as ``weight_version`` and, once the update
-                succeeded somewhere, set as ``self.version`` (tokens of later segments carry it).
+            version: sent as ``weight_version``.
             abort_all_requests: let the servers abort in-flight requests first.
             servers: explicit targets (e.g. :meth:`router_workers`); default the healthy servers.
             extra: more body fields (``load_format``, ``flush_cache``, ...).
 
         A pool server that fails, or is ejected at the time, is ejected and marked stale: when
-        it answers its health probe again the same update is replayed before it is re-admitted,
-        so it never serves old weights under the new version.  The usual sequence (AReaL):
-        :meth:`pause_generation`, this, ``engine.set_version``, :meth:`continue_generation`.
+        it answers its health probe again the same update is replayed before it is re-admitted.
 
         Returns ``{url: answer}`` of the servers that succeeded.
 
@@ -176,27 +183,8 @@ class SGLangBackend(RemoteBackend):
         body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests, **extra}
         if version is not None:
             body["weight_version"] = str(version)
-        targets = [s.url for s in self.pool.healthy] if servers is None else list(servers)
-        answers, errors = await self.broadcast("POST", "/update_weights_from_disk", json=body, servers=targets)
-        for url, answer in list(answers.items()):
-            if isinstance(answer, dict) and answer.get("success") is False:
-                errors[url] = RemoteCallError(f"{url}: {answer.get('message')}", url=url)
-                del answers[url]
-        if not answers:
-            raise BackendError("update_weights_from_disk failed on every server: "
-                               + "; ".join(f"{u}: {e}" for u, e in errors.items()))
-        self._weight_update = ("/update_weights_from_disk", body)
-        for server in self.pool.servers if servers is None else ():
-            if server.url not in answers:
-                server.stale_weights = True
-                self.pool.eject(server, f"missed the weight update to {model_path}: {errors.get(server.url)}")
-            else:
-                server.stale_weights = False
-                if version is not None:
-                    server.weight_version = str(version)
-        if version is not None:
-            self.version = version
-        return answers
+        return await self.apply_weight_update([("POST", "/update_weights_from_disk", body, None)], what=model_path,
+                                              servers=servers)
 
 
 def _first_healthy(backend: RemoteBackend) -> str:

@@ -16,7 +16,7 @@ produce ``N`` tokens, once it has a slot:
 With the defaults (``K`` unbounded, no slowdown) a request therefore takes
 exactly ``prefill_s + P * prefill_s_per_token + N * per_token_s`` and its first
 token arrives after ``prefill_s + P * prefill_s_per_token + per_token_s``.  One
-event clock (:class:`ServerModel`, driven by one task of the backend actor)
+event clock (:class:`ServerModel`, driven by one task that ``SimBackend.open`` runs)
 serves every request: a request parks once, however many tokens it produces,
 and the clock wakes once per event time, so tens of thousands of requests in
 flight cost little CPU.
@@ -61,7 +61,8 @@ import heapq
 import math
 import random
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ import trio
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import ModelRequest, ModelResponse
-from .base import PerRequestBackend
+from .base import BackendStatistics, PerRequestBackend
 
 __all__ = [
     "ServerModel",
@@ -77,6 +78,7 @@ __all__ = [
     "SimConfig",
     "SimDraw",
     "SimRequest",
+    "SimStatistics",
     "group_episodes",
     "prompt_key",
     "simulate_makespan",
@@ -103,7 +105,7 @@ class SimConfig:
             step per decoding sequence).
         out_len_median: median output length in tokens (lognormal).
         out_len_sigma: lognormal shape, dimensionless (``0``: always the median).
-        max_concurrency: requests the backend actor works on at once (a client
+        max_concurrency: requests the backend works on at once (a client
             side cap; ``None`` = unbounded).  Kept for compatibility; prefer
             ``max_running_seqs``.
         seed: seeds every draw.
@@ -447,6 +449,30 @@ class _Resume:
     multiplier: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class SimStatistics(BackendStatistics):
+    """:class:`~engine.backends.base.BackendStatistics` of a :class:`SimBackend`.
+
+    Attributes:
+        errors_injected, aborts_injected, stragglers: requests given each draw.
+        peak_requests_in_progress: most requests inside the backend at once.
+        sequences_running, sequences_queued, sequences_decoding: the server model now
+            (holding a slot, waiting for one, past prefill).
+        peak_running_seqs: most sequences holding a slot at once.
+        image_requests: requests that carried ``image_data``.
+    """
+
+    errors_injected: int = 0
+    image_requests: int = 0
+    aborts_injected: int = 0
+    stragglers: int = 0
+    peak_requests_in_progress: int = 0
+    sequences_running: int = 0
+    sequences_queued: int = 0
+    sequences_decoding: int = 0
+    peak_running_seqs: int = 0
+
+
 class SimBackend(PerRequestBackend):
     """A simulated server; see the module docstring for the model.
 
@@ -459,7 +485,7 @@ class SimBackend(PerRequestBackend):
             plausible text; default: ids uniform in ``[first_token_id, vocab_size)``.
     """
 
-    logprob_semantics = "processed"
+    kind = "sim"
 
     def __init__(self, config: SimConfig | None = None, *, record: bool = False,
                  token_pool: Sequence[int] | None = None, **overrides: Any) -> None:
@@ -535,11 +561,14 @@ class SimBackend(PerRequestBackend):
         return tokens, logprobs
 
     # -- serving -------------------------------------------------------------------------------------
-    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[SimBackend]:
+        """Run the event clock while open (needed when requests interact:
+        ``max_running_seqs`` or a decode slowdown; otherwise requests sleep alone)."""
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._clock)
-                await super().run(jobs, task_status=task_status)
+                yield self
                 nursery.cancel_scope.cancel()
         finally:
             self._clock_scope = None
@@ -559,10 +588,10 @@ class SimBackend(PerRequestBackend):
         """Hold a slot for ``prefill_s`` then ``steps`` decode steps; returns
         (end time, decode start time)."""
         model = self._model
-        if self._clock_scope is None:  # generate() called without the actor running
+        if self._clock_scope is None:  # generate() called outside open()
             if self.config.shared_clock:
                 raise RuntimeError("SimBackend with max_running_seqs or decode slowdown serves requests only "
-                                   "while its run() actor is running (open_rollout_engine starts it)")
+                                   "inside `async with backend.open()` (open_rollout_engine enters it)")
             start = trio.current_time()
             await trio.sleep(prefill_s + steps * self.config.per_token_s)
             return trio.current_time(), start + prefill_s
@@ -593,16 +622,16 @@ class SimBackend(PerRequestBackend):
             if t < scope.deadline:
                 scope.deadline = t
 
-    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
         self.image_requests += bool(request.image_data)  # images cost nothing here: their tokens are in the prompt
         self.in_progress += 1
         self.peak_in_progress = max(self.peak_in_progress, self.in_progress)
         try:
-            return await self._generate(request, budget)
+            return await self._simulate(request, budget)
         finally:
             self.in_progress -= 1
 
-    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+    async def _simulate(self, request: ModelRequest, budget: int) -> ModelResponse:
         cfg = self.config
         version = self.version  # read before the segment is sent (AReaL PR #1569)
         start = trio.current_time()
@@ -642,11 +671,11 @@ class SimBackend(PerRequestBackend):
             ttft=decode_start - start + cfg.per_token_s * mult,
         )
 
-    def statistics(self) -> dict[str, Any]:
-        stats = super().statistics()
-        stats.update(errors_injected=self.errors_injected, aborts_injected=self.aborts_injected,
-                     image_requests=self.image_requests,
-                     stragglers=self.stragglers, peak_requests_in_progress=self.peak_in_progress)
-        stats.update(sequences_running=self._model.occupied, sequences_queued=self._model.queued,
-                     sequences_decoding=self._model.decoding, peak_running_seqs=self._model.peak_occupied)
-        return stats
+    def statistics(self) -> SimStatistics:
+        model = self._model
+        return SimStatistics(**self._base_stats(), errors_injected=self.errors_injected,
+                             aborts_injected=self.aborts_injected, stragglers=self.stragglers,
+                             image_requests=self.image_requests,
+                             peak_requests_in_progress=self.peak_in_progress, sequences_running=model.occupied,
+                             sequences_queued=model.queued, sequences_decoding=model.decoding,
+                             peak_running_seqs=model.peak_occupied)

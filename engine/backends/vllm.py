@@ -13,8 +13,15 @@ Answer: ``choices[0].token_ids`` (the stop/EOS token included), logprobs from
 the fallback for ids and must agree), ``finish_reason`` ``stop``/``length``/``abort``
 (``repetition`` -> ``stop``; ``error`` is a retryable server fault).
 
-Logprob semantics: ``"raw"`` -- log-softmax of the logits *before* temperature, penalties,
-top-k and top-p (vLLM's default ``--logprobs-mode raw_logprobs``), the opposite of SGLang.
+Logprob semantics: ``"processed"``, like every backend here: the log-softmax after
+temperature, top-k and top-p (penalties and logit processors included), which vLLM returns
+only when the server runs with ``--logprobs-mode processed_logprobs`` (its default,
+``raw_logprobs``, is before all of them; SERVERS_AND_MODELS.md §6).  At start-up the backend
+reads each healthy server's mode from ``GET /server_info?config_format=json``
+(``vllm_config.model_config.logprobs_mode``; dev mode) and refuses to start with a server
+that runs another mode, or that does not say (``check_logprobs_mode=False`` trusts the
+servers instead).  Mixing raw and processed logprobs would silently change the numbers a PPO
+ratio is built from.
 
 Abort: ``POST /abort_requests {"request_ids": ["cmpl-<request_id>-0"]}`` (the engine's
 per-choice id; needs ``VLLM_SERVER_DEV_MODE=1``, else 404 and the dropped connection aborts).
@@ -27,15 +34,24 @@ accepts images only through ``/v1/chat/completions``, which renders the prompt a
 messages (AReaL's ``vision_msg_vllm`` path), so the ids trained on would not be the ids
 sampled from.  A request with ``image_data`` raises :class:`InvalidRequestError` before
 anything is sent; use the ``sglang`` or ``hf`` backend for vision workflows.
+
+Weights (:class:`~engine.backends.base.WeightSync`, through ``engine.update_weights``; dev
+mode, vLLM 0.32): ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+{"weights_path": folder, "is_checkpoint_format": true}}`` (every worker reloads the folder
+in place), then ``POST /update_weight_version {"new_version": "<v>"}``, on every server of
+the pool, between ``/pause?mode=abort`` and ``/resume``.  A server without dev mode answers
+404, reported as such.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import ModelRequest, ModelResponse
-from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, sampling_top_k
+from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall, sampling_top_k
 
 __all__ = ["VLLMBackend", "vllm_abort_id"]
 
@@ -54,27 +70,71 @@ def _token_id(text: str) -> int:
     return int(text[len(prefix):])
 
 
+#: the server's ``--logprobs-mode`` that gives this package's logprob semantics
+PROCESSED_LOGPROBS_MODE = "processed_logprobs"
+
+
 class VLLMBackend(RemoteBackend):
     """Several vLLM servers behind one backend.
 
     Args:
         model: the served model name; ``None`` = the first id of ``GET /v1/models``.
+        check_logprobs_mode: at start-up, require every healthy server to report
+            ``--logprobs-mode processed_logprobs`` (see the module docstring).
         Others: see :class:`~engine.backends.remote.RemoteBackend`.
     """
 
     kind = "vllm"
-    logprob_semantics = "raw"
     generate_path = "/v1/completions"
     health_path = "/health"
     pause_modes = ("abort", "wait", "keep")
+    sync_pause_modes = {"abort": "abort", "in_place": "keep"}
 
-    def __init__(self, servers, *, model: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, servers, *, model: str | None = None, check_logprobs_mode: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(servers, **kwargs)
         self.model = model
+        self.check_logprobs_mode = check_logprobs_mode
 
     async def after_startup(self) -> None:
         if self.model is None:
             await self.prepare(self.pool.healthy[0])
+        if self.check_logprobs_mode:
+            for server in self.pool.healthy:
+                await self._check_logprobs_mode(server.url)
+
+    async def _check_logprobs_mode(self, url: str) -> None:
+        """Raise :class:`BackendError` unless ``url`` reports ``processed_logprobs``."""
+        fix = (f"start it with --logprobs-mode {PROCESSED_LOGPROBS_MODE} and VLLM_SERVER_DEV_MODE=1, or pass "
+               "check_logprobs_mode=False if every server already runs that mode")
+        try:
+            info = await self.call(url, "GET", "/server_info", params={"config_format": "json"},
+                                   timeout_s=self.timeouts.health_timeout_s)
+            mode = info["vllm_config"]["model_config"]["logprobs_mode"]
+        except (RemoteCallError, TypeError, KeyError) as exc:
+            raise BackendError(f"vllm backend: cannot read the logprobs mode of {url} from /server_info ({exc}); "
+                               f"this package reports processed logprobs: {fix}") from None
+        if mode != PROCESSED_LOGPROBS_MODE:
+            raise BackendError(f"vllm backend: {url} runs --logprobs-mode {mode}, but this package reports "
+                               f"processed logprobs (after temperature, top-k, top-p): {fix}")
+
+    def weight_update_calls(self, folder: str, version: int) -> list[WireCall]:
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": folder, "is_checkpoint_format": True}}
+        return [("POST", "/collective_rpc", rpc, None),
+                ("POST", "/update_weight_version", {"new_version": str(version)}, None)]
+
+    async def pause(self, mode: str = "abort") -> None:
+        with _dev_mode_hint():
+            await super().pause(mode)
+
+    async def resume(self) -> None:
+        with _dev_mode_hint():
+            await super().resume()
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        with _dev_mode_hint():
+            await super().update_weights(source, version=version, mode=mode)
+
 
     async def prepare(self, server) -> None:
         if self.model is not None:
@@ -166,3 +226,15 @@ class VLLMBackend(RemoteBackend):
 
     def continue_call(self):
         return "POST", "/resume", None, None
+
+
+@contextmanager
+def _dev_mode_hint() -> Iterator[None]:
+    """A 404 from a control route means the server runs without dev mode: say so."""
+    try:
+        yield
+    except BackendError as exc:
+        if "HTTP 404" in str(exc):
+            raise BackendError(f"{exc} (vLLM serves /pause, /resume, /collective_rpc and /update_weight_version "
+                               "only with VLLM_SERVER_DEV_MODE=1)") from exc
+        raise

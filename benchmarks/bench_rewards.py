@@ -510,7 +510,7 @@ def main() -> None:
     if args.areal_side:  # we are the AReaL venv's interpreter
         _kill_areal_workers_and_exit(_areal_side(args.areal_side, json.loads(args.config)))
 
-    logging.getLogger("rewards").setLevel(logging.ERROR)  # one warning per retry otherwise
+    logging.getLogger("rollout.rewards").setLevel(logging.ERROR)  # one warning per retry otherwise
     config = {
         "workers": args.workers, "calls": args.calls, "concurrency": args.concurrency,
         "repeats": args.repeats, "hang_others": args.hang_others, "timeout_s": args.timeout,

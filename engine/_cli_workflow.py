@@ -15,9 +15,43 @@ from typing import Any
 
 from .errors import RewardError, RolloutError, WorkflowError
 
-__all__ = ["WorkflowPlan", "add_workflow_arguments", "build_workflow", "plan_workflow", "workflows_epilog"]
+__all__ = ["DEFAULT_REWARD", "REWARDS", "WorkflowPlan", "add_workflow_arguments", "build_workflow", "plan_workflow",
+           "reward_data_keys", "reward_prompt_hint", "workflows_epilog"]
 
-DEFAULT_REWARD = "rewards.gsm8k:gsm8k_reward"
+#: ``--reward NAME``: the built-in rewards, as (import string, answer-format hint that
+#: ``rollout run`` appends to a prompt taken from a dataset column).
+REWARDS = {
+    "gsm8k": ("rewards.gsm8k:gsm8k_reward", "\nAnswer with the final number after '####'."),
+    "math": ("rewards.math:math_reward", "\nPut your final answer within \\boxed{}."),
+    "exact_match": ("rewards.exact_match:exact_match_reward", ""),
+}
+DEFAULT_REWARD = "gsm8k"
+
+
+def _builtin_reward(spec: str) -> str | None:
+    """The built-in name of ``--reward spec`` (a name or its import string), else None."""
+    return next((name for name, (path, _) in REWARDS.items() if spec in (name, path)), None)
+
+
+def reward_prompt_hint(spec: str) -> str:
+    """The answer-format hint of a built-in reward (``""`` for any other)."""
+    name = _builtin_reward(spec)
+    return REWARDS[name][1] if name else ""
+
+
+def reward_data_keys(spec: str, fn: Any = None) -> tuple[str, ...]:
+    """The data keys a reward needs in every item: ``("answer",)`` for the built-ins;
+    for another function, its parameters after AReaL's four that have no default."""
+    if _builtin_reward(spec):
+        return ("answer",)
+    fn = getattr(fn, "_fn", None) or fn  # a FileFunction holds the function it loaded
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    named = [p for p in params if p.kind in (*positional, inspect.Parameter.KEYWORD_ONLY)]
+    return tuple(p.name for p in named[4:] if p.default is inspect.Parameter.empty)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -53,9 +87,10 @@ def add_workflow_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--workflow-kwargs", type=_json_object, default=None, metavar="JSON",
                      help="extra keyword arguments of the workflow's constructor, a JSON object "
                           "(e.g. '{\"max_turns\": 3, \"turn_discount\": 0.9}')")
-    run.add_argument("--reward", default=DEFAULT_REWARD, metavar="IMPORT",
-                     help=f"reward function: pkg.module:fn, pkg.module.fn or path/to/file.py:fn "
-                          f"(default {DEFAULT_REWARD})")
+    run.add_argument("--reward", default=DEFAULT_REWARD, metavar=f"{{{'|'.join(REWARDS)}}}|IMPORT",
+                     help=f"reward function: a built-in (gsm8k: the number after '####'; math: math-verify on "
+                          f"\\boxed{{}} answers; exact_match: normalised text) or an import string pkg.module:fn, "
+                          f"pkg.module.fn, path/to/file.py:fn (default {DEFAULT_REWARD})")
 
 
 @dataclass(frozen=True)
@@ -79,8 +114,12 @@ def plan_workflow(args: argparse.Namespace) -> WorkflowPlan:
     from workflows.registry import BUILTIN_WORKFLOWS
 
     try:
-        reward_fn = resolve_reward_fn(args.reward)
+        name = _builtin_reward(args.reward)
+        reward_fn = resolve_reward_fn(REWARDS[name][0] if name else args.reward)
     except RewardError as exc:
+        if not any(c in args.reward for c in ".:/"):
+            raise RewardError(f"--reward {args.reward!r}: unknown reward; built-ins are {', '.join(REWARDS)}, "
+                              "anything else must be an import string like 'pkg.module:fn'") from None
         raise RewardError(f"--reward: {exc}") from None
     name = args.workflow
     entry = BUILTIN_WORKFLOWS.get(name)

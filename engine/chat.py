@@ -58,7 +58,7 @@ __all__ = [
     "render_messages",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 Message = Mapping[str, Any]
 

@@ -8,10 +8,21 @@ writes, into ``--out``:
   (``TensorDict.load(DIR/"trajectories")`` or ``load_memmap`` reads it);
 - ``rollouts.jsonl``: one line per trajectory (prompt, completion, reward,
   stop_reason, token counts);
+- ``config.toml``: every option of the run (``rollout run --config OUT/config.toml``
+  repeats it; :mod:`engine.config_file`);
+- ``metrics.jsonl`` (a sample per second) and ``episodes.jsonl`` (one line per
+  ended episode), which ``rollout report OUT`` plots (:mod:`engine.report`);
 - ``summary.json`` (plain JSON): accounting, reward mean, truncation rate,
   throughput, what was used (backend, model, tokenizer, servers and the model
   each server reported, seed), ``startup_seconds`` (loading the model, waiting
   for servers) apart from ``wall_seconds`` (the rollout itself).
+
+The dataset is read with Hugging Face ``datasets`` (files, ``save_to_disk``
+folders, hub ids) and its columns mapped to chats (:mod:`engine.hf_datasets`);
+``--reward`` names a built-in (gsm8k, math, exact_match) or an import string.
+While it runs, a live view on stderr (:mod:`engine.live`: a rich panel on a
+terminal, a progress line every ``--progress-interval`` seconds elsewhere) and,
+with ``--metrics-port``, a Prometheus endpoint (:mod:`engine.metrics`).
 
 A remote run (``--backend sglang|vllm``) takes its tokenizer from ``--model`` or
 from the model the servers report, and refuses a mismatch at start-up
@@ -41,7 +52,7 @@ from .errors import RolloutError
 
 __all__ = ["main"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="HF model folder or hub id (default: the built-in SmolLM2-135M-Instruct; "
                           "builtin:tiny-vlm is a tiny random vision-language model, for --workflow vision_rlvr)")
     run.add_argument("--dataset", default="builtin:arith",
-                     help="jsonl of {question, answer} rows (GSM8K format), builtin:arith[:N] (default), or "
+                     help="a jsonl/json/parquet/csv/arrow file, a save_to_disk folder or a hub id (columns mapped "
+                          "by the dataset options below), builtin:arith[:N] (default: GSM8K-style word problems), or "
                           "builtin:shapes[:N] (images: how many red shapes?, for --workflow vision_rlvr)")
     run.add_argument("--backend", default="hf", choices=("hf", "sim", "sglang", "vllm"),
                      help="inference backend (default hf: the model in this process)")
@@ -112,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new-token budget (default 128)")
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")
     run.add_argument("--concurrency", type=_positive_int, default=64, help="episodes in flight (default 64)")
-    run.add_argument("--limit", type=_positive_int, default=None, help="use the first N rows of the dataset")
+    run.add_argument("--limit", type=_positive_int, default=None,
+                     help="use the first N rows of the dataset (after --shuffle; per epoch)")
     run.add_argument("--seed", type=int, default=0,
                      help="run seed: each request's sampling seed derives from it, the item and the sample, so "
                           "a run repeats with the same seed (default 0)")
@@ -129,19 +142,26 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reward-timeout", type=_positive_float, default=15.0,
                      help="seconds per reward attempt before its worker is killed (default 15)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
+    from ._cli_options import add_user_run_arguments
     from .bench import add_bench_parser
+    from .report import add_report_parser
     from .serve import add_serve_parser
 
+    add_user_run_arguments(run)
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_report_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._cli_options import configure_logging
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "serve":
+    configure_logging(getattr(args, "log_level", "warning"))
+    if args.command in ("serve", "report"):
         return args.handler(args)
     if args.command == "bench":
         from .bench import run_bench
@@ -151,10 +171,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
     try:
+        from .config_file import config_dict, dump_config, merge_config_file
+
+        args = merge_config_file(build_parser, argv, args)  # --config FILE: flags override it
+        configure_logging(args.log_level)
+        config_text = dump_config(config_dict(build_parser, args))
+        if args.print_config:
+            print(config_text, end="")
+            return 0
         _check_out(args.out)
         from ._cli_workflow import plan_workflow
 
         args.workflow_plan = plan_workflow(args)  # before the model loads: a typo fails at once
+        args.loaded = _load_items(args)  # likewise: a bad dataset fails before any work
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "config.toml").write_text(config_text, encoding="utf-8")
         summary = trio.run(_run, args)
     except (RolloutError, ValueError, OSError) as exc:
         print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
@@ -198,6 +229,22 @@ def _nothing_accepted(summary: dict[str, Any]) -> str:
     return _one_line(f"0 of {summary['submitted']} episodes accepted ({why}){detail}")
 
 
+def _load_items(args: argparse.Namespace) -> Any:
+    """The run's items (:func:`engine.hf_datasets.load_items`), with the reward's data
+    keys required and its answer-format hint appended to column prompts."""
+    from ._cli_options import data_spec
+    from ._cli_workflow import reward_data_keys, reward_prompt_hint
+    from .hf_datasets import load_items
+
+    if not args.dataset.startswith("builtin:"):
+        import datasets
+
+        datasets.disable_progress_bars()  # ours is the only progress display
+        datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its errors reach the user as ours, in one line
+    required = reward_data_keys(args.reward, args.workflow_plan.reward_fn)
+    return load_items(data_spec(args, required=required, prompt_suffix=reward_prompt_hint(args.reward)))
+
+
 def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the tokenizer and build the backend named by ``--backend``."""
     import torch
@@ -217,7 +264,7 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         path = resolve_model(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
-    from .backends.sim import SimBackend, SimConfig
+    from .backends.sim import SimBackend
 
     if args.model is None:
         from .testing import build_tiny_tokenizer
@@ -225,9 +272,9 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         tokenizer = build_tiny_tokenizer()
     else:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-    config = SimConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, first_token_id=0,
-                       out_len_median=max(1, args.max_new_tokens // 2), out_len_sigma=0.5, seed=args.seed)
-    return tokenizer, SimBackend(config)
+    from ._cli_options import sim_config
+
+    return tokenizer, SimBackend(sim_config(args, tokenizer))
 
 
 async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
@@ -257,16 +304,14 @@ def _load_processor(args: argparse.Namespace) -> Any:
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from ._cli_workflow import build_workflow
     from .data import concat_padded_tensors
-    from .datasets import load_dataset
     from .executor import open_rollout_engine
+    from .live import view_mode
+    from .metrics import observe_run
     from .types import GenerationHyperparameters
 
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
-    from ._cli_workflow import DEFAULT_REWARD
-
-    required = ("answer",) if args.reward == DEFAULT_REWARD else ()  # the GSM8K reward's data key
-    items = load_dataset(args.dataset, args.limit, required=required)
+    items = args.loaded.items
     start = time.perf_counter()
     tokenizer, backend, used = await _setup_backend(args)
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
@@ -278,9 +323,14 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
         opened = time.perf_counter()  # start-up (model load, waiting for servers) ends here
         await engine.reward_pool.check_reward_fn(plan.reward_fn, items[0])  # before any episode
-        for item in items:
-            engine.submit(item, workflow, group_size=args.group_size)
-        results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)
+        async with observe_run(engine, total=len(items), out=args.out, view=view_mode(quiet=args.quiet),
+                               interval_s=args.progress_interval, metrics_port=args.metrics_port,
+                               metrics_host=args.metrics_host) as monitor:
+            tracked = monitor.track(workflow)  # episode start/tokens for the live view
+            for item in items:
+                engine.submit(item, tracked, group_size=args.group_size)
+            results = await _collect(engine, len(items), step_every=args.consumer_batch_size,
+                                     on_results=monitor.on_results)
         stats = engine.statistics()
     wall = time.perf_counter() - opened
     results.sort(key=lambda r: r.task_id)
@@ -313,6 +363,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         **used,  # model, tokenizer, servers (and for a remote run what each server reported)
         "seed": args.seed,
         "dataset": args.dataset,
+        "dataset_rows": args.loaded.rows,
+        "dataset_rows_skipped": len(args.loaded.skipped),
+        "epochs": args.epochs,
+        "reward": args.reward,
         "n_samples": args.n_samples,
         "group_size": args.group_size,
         "final_version": stats.version,
@@ -336,30 +390,22 @@ def _engine_config(args: argparse.Namespace) -> Any:
                         dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True)
 
 
-async def _collect(engine: Any, total: int, *, quiet: bool, step_every: int | None) -> list[Any]:
-    """Take every result as it ends, with live progress unless ``quiet``.  With
-    ``step_every = B``, bump the policy version after each B accepted results, as
-    a trainer consuming batches would."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+async def _collect(engine: Any, total: int, *, step_every: int | None,
+                   on_results: Any = None) -> list[Any]:
+    """Take every result as it ends, handing each batch taken to ``on_results`` (the
+    live view's per-episode callback).  With ``step_every = B``, bump the policy
+    version after each B accepted results, as a trainer consuming batches would."""
     results: list[Any] = []
     since_step = 0
-    start = time.perf_counter()
-    with Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), disable=quiet, transient=False) as progress:
-        bar = progress.add_task("episodes", total=total, info="")
-        while len(results) < total:
-            got = await engine.wait_results(1)
-            results += got
-            since_step += sum(r.status == "accepted" for r in got)
-            if step_every and since_step >= step_every:
-                since_step -= step_every
-                engine.set_version(engine.version + 1)
-            s = engine.statistics()
-            rate = s.generated_tokens / max(time.perf_counter() - start, 1e-9)
-            progress.update(bar, completed=len(results),
-                            info=f"ok {s.accepted} rej {s.rejected} fail {s.failed} | in flight {s.running} "
-                                 f"| {rate:.0f} tok/s | v{s.version}")
+    while len(results) < total:
+        got = await engine.wait_results(1)
+        results += got
+        if on_results is not None:
+            on_results(got)  # consumed at the current version
+        since_step += sum(r.status == "accepted" for r in got)
+        if step_every and since_step >= step_every:
+            since_step -= step_every
+            engine.set_version(engine.version + 1)
     return results
 
 

@@ -68,7 +68,7 @@ __all__ = [
     "sample_index",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 STALENESS_POLICIES = ("drop", "flag")
 

@@ -52,7 +52,7 @@ __all__ = [
     "smollm2_dir",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 #: The spec that names the built-in model (also what ``resolve_model(None)`` means).
 BUILTIN_MODEL = "builtin:smollm2"

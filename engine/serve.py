@@ -86,7 +86,7 @@ __all__ = [
     "serve_http",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 _NO_TOP_K = 100_000_000
 _MAX_BODY_BYTES = 64 * 1024 * 1024

@@ -13,7 +13,8 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
 - :class:`AsyncRewardWrapper`: AReaL's awaitable wrapper on our pool.
 - Built-in rewards: :func:`gsm8k_reward` (``rewards.gsm8k``), :func:`math_reward`
   (``rewards.math``, math-verify), :func:`format_reward` / :func:`weighted_sum`
-  (``rewards.format``), :func:`code_reward` (``rewards.code``).
+  (``rewards.format``), :func:`code_reward` (``rewards.code``),
+  :func:`exact_match_reward` (``rewards.exact_match``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "code_reward",
     "collect_reward_outcomes",
     "current_reward_pool",
+    "exact_match_reward",
     "extract_answer",
     "format_reward",
     "gsm8k_reward",
@@ -46,6 +48,7 @@ _LAZY = {
     "code_reward": "rewards.code",
     "collect_reward_outcomes": "rewards._outcome",
     "current_reward_pool": "rewards._outcome",
+    "exact_match_reward": "rewards.exact_match",
     "extract_answer": "rewards.gsm8k",
     "format_reward": "rewards.format",
     "gsm8k_reward": "rewards.gsm8k",
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
     from ._pool import RewardPool, open_reward_pool
     from ._wrapper import AsyncRewardWrapper
     from .code import code_reward
+    from .exact_match import exact_match_reward
     from .format import format_reward, weighted_sum
     from .gsm8k import extract_answer, gsm8k_reward
     from .math import math_reward

@@ -127,7 +127,7 @@ __all__ = [
     "open_reward_pool",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 WORKER_TYPES = ("spawn", "forkserver")  # never "fork": it hangs once torch is loaded
 

@@ -83,7 +83,7 @@ async def test_timeout_kills_its_worker_while_another_call_completes(tmp_path):
 
 async def test_timeouts_are_retried_then_fall_back_with_a_flag(tmp_path, caplog):
     log = tmp_path / "attempts.log"
-    caplog.set_level(logging.WARNING, logger="rewards._pool")
+    caplog.set_level(logging.WARNING, logger="rollout.rewards._pool")
     async with open_reward_pool(
         timeout_seconds=0.5, max_retries=1, fallback_reward=-1.0
     ) as pool:

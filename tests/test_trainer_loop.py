@@ -94,7 +94,7 @@ async def test_an_always_failing_workflow_raises_within_a_bounded_number_of_epis
     wf = OneGen()
     wf.broken = True
     config = EngineConfig(consumer_batch_size=4, max_concurrent_rollouts=64, failure_breaker_consecutive=16)
-    caplog.set_level(logging.WARNING, logger="engine.executor")
+    caplog.set_level(logging.WARNING, logger="rollout.engine.executor")
     async with open_rollout_engine(_sim(), config, reward_pool=InProcessRewardPool()) as engine:
         with pytest.raises(EpisodeFailuresError, match=r"16 consecutive episodes failed; dominant reason "
                                                        r"workflow_error .* KeyError: 'answer'") as info:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from .hf import HFBackend
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 _NO_TOP_K = 100_000_000
 #: the base warpers must exist for per-request values to apply (transformers

@@ -82,7 +82,7 @@ from .base import BackendStatistics, InferenceBackend, check_sync_mode
 
 __all__ = ["HFBackend", "HFStatistics"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 _NO_TOP_K = 100_000_000
 #: config fields holding a model's context length, in the order they are tried

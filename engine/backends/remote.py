@@ -103,7 +103,7 @@ __all__ = [
     "map_exceptions",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 #: ``GenerationHyperparameters.top_k`` at or above this means "no top-k filter".
 NO_TOP_K = 100_000_000

@@ -46,7 +46,7 @@ from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall, 
 
 __all__ = ["SGLangBackend"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 

@@ -1,0 +1,302 @@
+"""What a run looks like while it runs: one snapshot for the live view, the
+progress lines, the Prometheus endpoint and the report's time series.
+
+:class:`RunMonitor` reads :meth:`RolloutEngine.statistics` and learns about single
+episodes in two ways, neither of which changes the engine:
+
+* :meth:`RunMonitor.track` wraps the workflow: each episode is seen when it
+  starts, and each generation request it makes (``engine.agenerate``) adds its
+  tokens to the episode, so the longest-running episodes (stragglers) can be
+  listed with their token counts while they run;
+* :meth:`RunMonitor.on_results` is the per-episode callback of the consumer: the
+  end of each episode, and for an accepted one its staleness when consumed
+  (``version - oldest generated token's version``, in versions).
+
+:meth:`RunMonitor.run_recorder` samples a snapshot every ``interval_s`` seconds
+into ``metrics.jsonl`` and writes one line per ended episode to
+``episodes.jsonl`` (both in the run's ``--out``), for ``rollout report``.
+
+Times are seconds on trio's clock; token counts are generated tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import trio
+
+__all__ = ["EpisodeTiming", "RunMonitor", "RunSnapshot"]
+
+_RATE_WINDOW_S = 10.0  # tokens/s is measured over this many recent seconds
+
+
+@dataclass(frozen=True)
+class EpisodeTiming:
+    """One episode as the monitor saw it.
+
+    Attributes:
+        task_id: the engine's id.
+        seconds: running time so far (in flight) or in all (ended).
+        tokens: generated tokens so far (requests that returned) or in all.
+        requests: generation requests that returned / in flight now.
+    """
+
+    task_id: int
+    seconds: float
+    tokens: int
+    requests: int = 0
+    requests_in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """Every number the live view, the progress line and the metrics endpoint show.
+
+    Episode counts are in episodes (one submitted item, whatever its group size);
+    ``tokens_per_s`` is measured over the last 10 s; ``ahead_versions`` is how
+    far generation runs ahead of consumption, ``(accepted + running) / B - version``
+    (AReaL's staleness accounting, :mod:`engine.staleness`); ``eta`` is the bound
+    on it (``--max-head-offpolicyness``, ``None`` = unbounded).
+    """
+
+    elapsed_s: float
+    total: int
+    submitted: int
+    queued: int
+    running: int
+    accepted: int
+    rejected: int
+    failed: int
+    rejected_by_reason: dict[str, int]
+    failed_by_reason: dict[str, int]
+    results_waiting: int
+    generated_tokens: int
+    tokens_per_s: float
+    version: int
+    capacity: int
+    consumer_batch_size: int
+    eta: int | None
+    ahead_versions: float
+    reward_calls: int = 0
+    reward_workers_busy: int = 0
+    reward_max_workers: int = 0
+    reward_timeouts: int = 0
+    reward_workers_killed: int = 0
+    reward_worker_deaths: int = 0
+    reward_fallbacks: int = 0
+    reward_errors: int = 0
+    consumed: int = 0
+    consumed_staleness_mean: float = 0.0
+    consumed_staleness_max: int = 0
+    stragglers: tuple[EpisodeTiming, ...] = ()
+    slowest_ended: tuple[EpisodeTiming, ...] = ()
+
+    @property
+    def ended(self) -> int:
+        return self.accepted + self.rejected + self.failed
+
+
+@dataclass
+class _Live:
+    start: float
+    members: int = 0
+    tokens: int = 0
+    requests: int = 0
+    in_flight: int = 0
+
+
+class _EngineView:
+    """The engine as a tracked episode sees it: ``agenerate`` counts tokens."""
+
+    def __init__(self, engine: Any, live: _Live) -> None:
+        self._engine = engine
+        self._live = live
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def agenerate(self, req: Any) -> Any:
+        live = self._live
+        live.in_flight += 1
+        try:
+            resp = await self._engine.agenerate(req)
+        finally:
+            live.in_flight -= 1
+        live.requests += 1
+        live.tokens += len(resp.output_tokens)
+        return resp
+
+
+class _TrackedWorkflow:
+    """``arun_episode`` of the wrapped workflow, seen by the monitor."""
+
+    def __init__(self, inner: Any, monitor: RunMonitor) -> None:
+        self._inner = inner
+        self._monitor = monitor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def arun_episode(self, engine: Any, data: Any) -> Any:
+        from .executor import episode_id
+
+        task_id = episode_id.get()
+        if task_id is None:  # not inside an engine episode: nothing to attribute
+            return await self._inner.arun_episode(engine, data)
+        live = self._monitor._episode_started(task_id)
+        try:
+            return await self._inner.arun_episode(_EngineView(engine, live), data)
+        finally:
+            self._monitor._member_ended(task_id)
+
+
+class RunMonitor:
+    """Snapshots of one run (see the module docstring).
+
+    Args:
+        engine: the open :class:`~engine.executor.RolloutEngine`.
+        total: episodes the run will submit (for "ended N of total").
+        top: how many stragglers / slowest ended episodes a snapshot lists.
+    """
+
+    def __init__(self, engine: Any, *, total: int, top: int = 5) -> None:
+        self.engine = engine
+        self.total = total
+        self.top = top
+        self.start = trio.current_time()
+        self._live: dict[int, _Live] = {}
+        self._ended_timing: dict[int, EpisodeTiming] = {}
+        self._slowest: list[EpisodeTiming] = []
+        self._staleness: list[int] = []
+        self._episodes: list[dict[str, Any]] = []  # records not yet written to episodes.jsonl
+        self._rate: collections.deque[tuple[float, int]] = collections.deque()
+        self.last: RunSnapshot | None = None
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def track(self, workflow: Any) -> Any:
+        """``workflow`` (a spec :func:`workflows.resolve_workflow` accepts) wrapped so
+        that its episodes are timed and their tokens counted."""
+        from workflows.base import resolve_workflow
+
+        return _TrackedWorkflow(resolve_workflow(workflow), self)
+
+    def _episode_started(self, task_id: int) -> _Live:
+        live = self._live.get(task_id)
+        if live is None:
+            live = self._live[task_id] = _Live(start=trio.current_time())
+        live.members += 1
+        return live
+
+    def _member_ended(self, task_id: int) -> None:
+        live = self._live[task_id]
+        live.members -= 1
+        if live.members == 0:
+            del self._live[task_id]
+            self._ended_timing[task_id] = EpisodeTiming(task_id, trio.current_time() - live.start, live.tokens,
+                                                        live.requests)
+
+    def on_results(self, results: list[Any]) -> None:
+        """The consumer's per-episode callback: ``results`` just taken from the engine
+        (:class:`~engine.executor.EpisodeResult`), consumed at the current version."""
+        version = self.engine.version
+        now = trio.current_time() - self.start
+        for result in results:
+            timing = self._ended_timing.pop(result.task_id, None)
+            tokens = timing.tokens if timing else _generated_tokens(result.trajectory)
+            seconds = result.elapsed_s or (timing.seconds if timing else 0.0)
+            ended = EpisodeTiming(result.task_id, seconds, tokens, timing.requests if timing else 0)
+            self._slowest = sorted([*self._slowest, ended], key=lambda e: -e.seconds)[: self.top]
+            staleness = _staleness(result.trajectory, version)
+            self._staleness += staleness
+            self._episodes.append({"t": round(now, 3), "task_id": result.task_id, "status": result.status,
+                                   "reason": result.reason, "seconds": round(seconds, 4), "tokens": tokens,
+                                   "version": version, "staleness": staleness})
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def snapshot(self) -> RunSnapshot:
+        """Every number of the run now (sync, cheap: call it from the trio thread)."""
+        now = trio.current_time()
+        s = self.engine.statistics()
+        self._rate.append((now, s.generated_tokens))
+        while len(self._rate) > 2 and self._rate[1][0] <= now - _RATE_WINDOW_S:
+            self._rate.popleft()
+        t0, n0 = self._rate[0]
+        rate = (s.generated_tokens - n0) / (now - t0) if now > t0 else 0.0
+        config = self.engine.config
+        b = config.consumer_batch_size
+        r = s.rewards
+        live = sorted(self._live.items(), key=lambda kv: kv[1].start)[: self.top]
+        stragglers = tuple(EpisodeTiming(tid, now - v.start, v.tokens, v.requests, v.in_flight) for tid, v in live)
+        stale = self._staleness
+        snap = RunSnapshot(
+            elapsed_s=now - self.start, total=self.total, submitted=s.submitted, queued=s.queued, running=s.running,
+            accepted=s.accepted, rejected=s.rejected, failed=s.failed,
+            rejected_by_reason=dict(s.rejected_by_reason), failed_by_reason=dict(s.failed_by_reason),
+            results_waiting=s.results_waiting, generated_tokens=s.generated_tokens, tokens_per_s=rate,
+            version=s.version, capacity=s.capacity, consumer_batch_size=b, eta=config.max_head_offpolicyness,
+            ahead_versions=(s.accepted + s.running) / b - s.version,
+            reward_calls=getattr(r, "calls", 0), reward_workers_busy=getattr(r, "workers_busy", 0),
+            reward_max_workers=getattr(r, "max_workers", 0) or 0, reward_timeouts=getattr(r, "timeouts", 0),
+            reward_workers_killed=getattr(r, "workers_killed", 0),
+            reward_worker_deaths=getattr(r, "worker_deaths", 0), reward_fallbacks=getattr(r, "fallbacks", 0),
+            reward_errors=getattr(r, "errors", 0),
+            consumed=len(stale), consumed_staleness_mean=sum(stale) / len(stale) if stale else 0.0,
+            consumed_staleness_max=max(stale, default=0),
+            stragglers=stragglers, slowest_ended=tuple(self._slowest),
+        )
+        self.last = snap
+        return snap
+
+    # -- the report's time series --------------------------------------------------------------
+    async def run_recorder(self, out_dir: Any, *, interval_s: float = 1.0,
+                           task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Append a sample to ``out_dir/metrics.jsonl`` every ``interval_s`` seconds and
+        the ended episodes to ``out_dir/episodes.jsonl``, until cancelled (then one
+        last sample and the remaining episodes, shielded)."""
+        out = trio.Path(out_dir)
+        await out.mkdir(parents=True, exist_ok=True)
+        async with await trio.open_file(out / "metrics.jsonl", "w") as metrics, \
+                await trio.open_file(out / "episodes.jsonl", "w") as episodes:
+            task_status.started()
+            try:
+                while True:
+                    await self._write(metrics, episodes)
+                    await trio.sleep(interval_s)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._write(metrics, episodes)
+
+    async def _write(self, metrics: Any, episodes: Any) -> None:
+        snap = self.snapshot()
+        sample = {k: v for k, v in asdict(snap).items() if k not in ("stragglers", "slowest_ended")}
+        sample["elapsed_s"] = round(sample["elapsed_s"], 3)
+        sample["longest_running_s"] = round(snap.stragglers[0].seconds, 3) if snap.stragglers else 0.0
+        await metrics.write(json.dumps(sample) + "\n")
+        records, self._episodes = self._episodes, []
+        if records:
+            await episodes.write("".join(json.dumps(r) + "\n" for r in records))
+        await metrics.flush()
+        await episodes.flush()
+
+
+def _generated_tokens(traj: Any) -> int:
+    if traj is None or "loss_mask" not in traj.keys():
+        return 0
+    return int(traj["loss_mask"].sum())
+
+
+def _staleness(traj: Any, version: int) -> list[int]:
+    """Per row: ``version`` minus the version of the row's oldest generated token."""
+    if traj is None or "versions" not in traj.keys() or "loss_mask" not in traj.keys():
+        return []
+    import torch
+
+    versions = traj["versions"]  # [B, T] int32, -1 on prompt and padding
+    generated = traj["loss_mask"] > 0  # [B, T]
+    big = torch.iinfo(versions.dtype).max
+    oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
+    return [version - int(v) for v in oldest.tolist() if v != big]
+

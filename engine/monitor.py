@@ -275,9 +275,10 @@ class RunMonitor:
         sample["elapsed_s"] = round(sample["elapsed_s"], 3)
         sample["longest_running_s"] = round(snap.stragglers[0].seconds, 3) if snap.stragglers else 0.0
         await metrics.write(json.dumps(sample) + "\n")
-        records, self._episodes = self._episodes, []
-        if records:
-            await episodes.write("".join(json.dumps(r) + "\n" for r in records))
+        n = len(self._episodes)
+        if n:
+            await episodes.write("".join(json.dumps(r) + "\n" for r in self._episodes[:n]))
+            del self._episodes[:n]  # only once written: a cancelled write leaves them for the last one
         await metrics.flush()
         await episodes.flush()
 

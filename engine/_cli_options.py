@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["LOG_LEVELS", "add_user_run_arguments", "configure_logging", "data_spec", "sim_config"]
+__all__ = ["LOG_LEVELS", "add_user_run_arguments", "configure_logging", "data_spec", "sim_backend", "sim_config"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _HANDLER_TAG = "_rollout_cli_handler"
@@ -80,6 +80,9 @@ def add_user_run_arguments(run: argparse.ArgumentParser) -> None:
                      help="fraction of requests that fail after prefill")
     sim.add_argument("--sim-abort-fraction", type=_number(0, maximum=1), default=None,
                      help="fraction of requests interrupted half-way (then resumed)")
+    sim.add_argument("--sim-text", default=None,
+                     help="completions are slices of this text repeated (default: random tokens), e.g. "
+                          "'The answer is \\boxed{4}. ' to rehearse the reward path too")
 
     view = run.add_argument_group("live view, metrics, logging, config file")
     view.add_argument("--progress-interval", type=_number(0, above=True), default=5.0,
@@ -127,9 +130,20 @@ def sim_config(args: argparse.Namespace, tokenizer: Any) -> Any:
                      seed=args.seed, **chosen)
 
 
+def sim_backend(args: argparse.Namespace, tokenizer: Any) -> Any:
+    """The :class:`~engine.backends.sim.SimBackend` of ``--sim-*`` (``--sim-text``: its token pool)."""
+    from .backends.sim import SimBackend
+
+    text = getattr(args, "sim_text", None)
+    if text is not None and not text:
+        raise ValueError("--sim-text: must not be empty")
+    pool = tokenizer.encode(text, add_special_tokens=False) if text else None
+    return SimBackend(sim_config(args, tokenizer), token_pool=pool)
+
+
 def configure_logging(level: str = "warning") -> None:
     """The CLI's logging: one stderr handler on the ``rollout`` logger (the package's
-    namespace), every line prefixed with time, level and logger name.  Called again,
+    namespace), every line prefixed with level, time and logger name.  Called again,
     it replaces its handler (no duplicate lines)."""
     root = logging.getLogger("rollout")
     for handler in list(root.handlers):
@@ -137,6 +151,6 @@ def configure_logging(level: str = "warning") -> None:
             root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     setattr(handler, _HANDLER_TAG, True)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))

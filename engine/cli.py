@@ -264,17 +264,15 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         path = resolve_model(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
-    from .backends.sim import SimBackend
-
     if args.model is None:
         from .testing import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
     else:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-    from ._cli_options import sim_config
+    from ._cli_options import sim_backend
 
-    return tokenizer, SimBackend(sim_config(args, tokenizer))
+    return tokenizer, sim_backend(args, tokenizer)
 
 
 async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:

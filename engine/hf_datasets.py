@@ -145,7 +145,11 @@ def load_items(spec: DataSpec) -> LoadedData:
     items, skipped = [], []
     for index in order:
         try:
-            items.append(mapping.item(rows[index]))
+            try:
+                row = rows[index]
+            except UnicodeDecodeError as exc:  # pyarrow keeps bad bytes until a row is read
+                raise _BadRow(f"not valid UTF-8 ({exc.reason} at byte {exc.start} of a field)") from None
+            items.append(mapping.item(row))
         except _BadRow as exc:
             if not spec.skip_bad_rows:
                 raise DatasetError(f"dataset {name}: row index {index}: {exc} (--skip-bad-rows skips such "

@@ -95,9 +95,10 @@ def test_a_non_utf8_line_names_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "needle"),
     [
-        (b'{"question": "ok", "answer": "#### 1"}\n{"question": "no answer"}\n', "bad.jsonl:2: row has no field 'answer'"),
-        (b'{"question": "", "answer": "#### 1"}\n', "bad.jsonl:1: field 'question' is empty"),
-        (b'{"question": "caf\xe9", "answer": "#### 1"}\n', "bad.jsonl:1: not valid UTF-8"),
+        (b'{"question": "ok", "answer": "#### 1"}\n{"question": "no answer"}\n',
+         "bad.jsonl: row index 1: field 'answer' is missing or null (the reward needs it)"),
+        (b'{"question": "", "answer": "#### 1"}\n', "bad.jsonl: row index 0: field 'question' is empty"),
+        (b'{"question": "caf\xe9", "answer": "#### 1"}\n', "bad.jsonl: row index 0: not valid UTF-8"),
     ],
 )
 def test_rollout_run_refuses_bad_rows_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, rows, needle):

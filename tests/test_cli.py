@@ -100,8 +100,8 @@ def test_run_on_tiny_model_stores_logprobs_that_match_teacher_forcing(tmp_path, 
     ("args", "needle"),
     [
         (["--dataset", "no/such/file.jsonl"], "dataset file not found"),
-        (["--dataset", "{bad}"], "not valid JSON"),
-        (["--dataset", "{noq}"], "no string field 'question'"),
+        (["--dataset", "{bad}"], "JSON parse error"),
+        (["--dataset", "{noq}"], "no column 'answer', which the reward needs"),
         (["--backend", "vllm-nope"], "invalid choice"),
         (["--n-samples", "0"], "--n-samples"),
         (["--temperature", "-1"], "--temperature"),
@@ -118,7 +118,7 @@ def test_bad_input_is_one_line_error_and_nonzero_exit(tmp_path, capsys, args, ne
     assert needle in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     if args[-1].endswith("bad.jsonl"):
-        assert "bad.jsonl:2" in err
+        assert "bad.jsonl: cannot load it" in err
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ save_to_disk folders), column mapping, bad rows, the exact-match reward.
 End-to-end tier: ``rollout run --backend sim`` on a parquet file with
 ``problem``/``solution`` columns and the math-verify reward, a jsonl with a
 ``messages`` column and the exact-match reward, and a ``save_to_disk`` folder; the
-sim answers with a canned text so that rewards are a real mix of 0 and 1.
+sim answers with a canned text (``--sim-text``) so that rewards are a real mix of 0 and 1.
 """
 
 from __future__ import annotations
@@ -41,26 +41,6 @@ def _cli(args, capsys):
 
 def _rows(out):
     return [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture
-def canned_sim(monkeypatch):
-    """``--backend sim`` whose completions are slices of a repeated canned text."""
-    import engine.cli
-    from engine._cli_options import sim_config
-    from engine.backends.sim import SimBackend
-
-    def use(text):
-        def build(args):
-            from engine.testing import build_tiny_tokenizer
-
-            tokenizer = build_tiny_tokenizer()
-            pool = tokenizer.encode(text, add_special_tokens=False)
-            return tokenizer, SimBackend(sim_config(args, tokenizer), token_pool=pool)
-
-        monkeypatch.setattr(engine.cli, "_tokenizer_and_backend", build)
-
-    return use
 
 
 # -- loading and mapping ---------------------------------------------------------------------------
@@ -179,14 +159,14 @@ def test_exact_match_reward():
 
 
 @pytest.mark.slow
-def test_run_on_a_parquet_file_with_problem_solution_columns_and_the_math_reward(tmp_path, capsys, canned_sim):
-    canned_sim("\\boxed{2} ")  # the sim's completions repeat this: right for 2 of the 4 problems
+def test_run_on_a_parquet_file_with_problem_solution_columns_and_the_math_reward(tmp_path, capsys):
+    canned = ["--sim-text", "\\boxed{2} "]  # the sim's completions repeat this: right for 2 of the 4 problems
     data = tmp_path / "math.parquet"
     datasets.Dataset.from_list(MATH_ROWS).to_parquet(str(data))
     out = tmp_path / "out"
     code, stdout, err = _cli(["run", "--backend", "sim", "--dataset", str(data), "--reward", "math", "--n-samples",
                               "2", "--max-new-tokens", "48", "--sim-out-len-median", "40", "--sim-out-len-sigma", "0",
-                              "--quiet", "--out", str(out)], capsys)
+                              *canned, "--quiet", "--out", str(out)], capsys)
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["submitted"] == summary["accepted"] == 4 and summary["trajectories"] == 8
@@ -203,8 +183,8 @@ def test_run_on_a_parquet_file_with_problem_solution_columns_and_the_math_reward
 
 
 @pytest.mark.slow
-def test_run_on_a_jsonl_with_a_messages_column_and_exact_match(tmp_path, capsys, canned_sim):
-    canned_sim("\\boxed{hi} ")  # a slice of 30 tokens holds a complete one
+def test_run_on_a_jsonl_with_a_messages_column_and_exact_match(tmp_path, capsys):
+    canned = ["--sim-text", "\\boxed{hi} "]  # a slice of 30 tokens holds a complete one
     data = tmp_path / "chat.jsonl"
     with data.open("w") as f:
         for i, answer in enumerate(["hi", "bye", "hi"]):
@@ -213,7 +193,7 @@ def test_run_on_a_jsonl_with_a_messages_column_and_exact_match(tmp_path, capsys,
     out = tmp_path / "out"
     code, _, err = _cli(["run", "--backend", "sim", "--dataset", str(data), "--reward", "exact_match", "--n-samples",
                          "1", "--max-new-tokens", "40", "--sim-out-len-median", "30", "--sim-out-len-sigma", "0",
-                         "--quiet", "--out", str(out)], capsys)
+                         *canned, "--quiet", "--out", str(out)], capsys)
     assert code == 0, err
     rows = sorted(_rows(out), key=lambda r: r["task_id"])
     assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0]

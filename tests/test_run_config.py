@@ -8,12 +8,11 @@ it gives the same summary and the same rollouts.
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
 
 from engine.cli import build_parser, main
-from engine.config_file import ConfigError, config_dict, merge_config_file
+from engine.config_file import ConfigError, config_dict, merge_config_file, tomllib
 
 TIMING = ("wall_seconds", "startup_seconds", "generated_tokens_per_second", "reward_statistics", "backend_statistics")
 

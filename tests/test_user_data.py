@@ -128,6 +128,13 @@ def test_a_dataset_that_cannot_be_used_is_one_error_naming_the_field(tmp_path, s
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_hub_id_offline_is_one_error_saying_the_hub_was_not_reached(monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # never reaches the network
+    with pytest.raises(DatasetError, match=r"dataset 'someone/some-set': not a local file or folder, and the "
+                                           r"Hugging Face hub could not be reached"):
+        load_items(DataSpec(source="someone/some-set"))
+
+
 def test_unusable_rows_name_their_index_and_are_skipped_on_request(tmp_path, caplog):
     path = tmp_path / "d.jsonl"
     path.write_text('{"question": "ok", "answer": "1"}\n{"question": "  ", "answer": "2"}\n'

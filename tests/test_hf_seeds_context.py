@@ -76,8 +76,8 @@ async def test_a_seeded_batched_run_is_reproducible_and_leaves_the_global_rng_al
     first, stats = await _run(tiny, reward_pool, seed=1234)
     second, _ = await _run(tiny, reward_pool, seed=1234)
     assert torch.equal(torch.get_rng_state(), state), "the backend changed torch's global RNG"
-    assert stats["requests_served"] == 2 * ITEMS + 1
-    assert stats["batches"] < stats["requests_served"]  # seeded requests are still batched
+    assert stats.requests_served == 2 * ITEMS + 1
+    assert stats.batches < stats.requests_served  # seeded requests are still batched
     assert first == second  # row for row, by (task id, sample)
     assert any(first[(i, 0)] != first[(i, 1)] for i in range(ITEMS))  # samples get their own seeds
     other, _ = await _run(tiny, reward_pool, seed=99)

@@ -158,7 +158,7 @@ async def test_hf_backend_generates_from_images_in_one_batch(vlm_dir, processor,
                 nursery.start_soon(one, i, req)
             nursery.start_soon(one, 3, ModelRequest(input_ids=list(text_ids), gconfig=GenerationHyperparameters(
                 greedy=True, ignore_eos=True, max_new_tokens=6)))
-    assert backend.accepts_images and backend.statistics()["batches"] == 1  # images and text in one batch
+    assert backend.accepts_images and backend.statistics().batches == 1  # images and text in one batch
     for i, (req, pixel_values) in enumerate(reqs):
         resp = results[i]
         assert len(resp.output_tokens) == 6 and TINY_IMAGE_TOKEN_ID not in resp.output_tokens
@@ -199,7 +199,7 @@ async def test_hf_backend_refuses_images_it_cannot_serve(tmp_path, vlm_dir, proc
     assert isinstance(results["bad"], InvalidRequestError) and "image_data[0] is not a base64 image" in str(
         results["bad"])
     assert isinstance(results["good"], ModelResponse) and len(results["good"].output_tokens) >= 1
-    assert backend.statistics()["batches"] == 1
+    assert backend.statistics().batches == 1
 
 
 # -- the workflow --------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ async def test_sim_backend_accepts_image_requests(processor, reward_pool, autoju
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         batch = await engine.rollout_batch(load_dataset("builtin:shapes:3"), workflow)
     assert batch.batch_size == (6,) and batch["pixel_values"].shape == (6, 1, 3, 32, 32)
-    assert backend.statistics()["image_requests"] == 6
+    assert backend.statistics().image_requests == 6
 
 
 # -- remote backends ------------------------------------------------------------------------------

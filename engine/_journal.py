@@ -93,8 +93,9 @@ def resolve_resume_options(args: Any, explicit: set[str]) -> None:
         if name not in saved:
             continue
         if name in explicit and getattr(args, name) != saved[name]:
-            raise ValueError(f"--resume {out}: {_flag(name)} {getattr(args, name)} differs from the run's "
-                             f"{_flag(name)} {saved[name]} (it would change the items or what they mean)")
+            given, run = ("(unset)" if v is None else v for v in (getattr(args, name), saved[name]))
+            raise ValueError(f"--resume {out}: {_flag(name)} {given} differs from the run's {_flag(name)} {run} "
+                             "(it would change the items or what they mean)")
         setattr(args, name, saved[name])
 
 
@@ -294,7 +295,7 @@ def open_run_dir(out: Path, options: dict[str, Any], items: list[Any], *, resume
         else:
             if (out / RUN_FILE).exists():
                 prior = read_journal(out)
-                if len(prior.done) < prior.n_items:
+                if prior.segments and len(prior.done) < prior.n_items:  # (a run that never started is replaced)
                     raise ValueError(f"{out} holds an unfinished run ({len(prior.done)} of {prior.n_items} items "
                                      f"done); continue it with --resume {out}, or choose another --out")
             _clear_outputs(out)

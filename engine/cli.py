@@ -273,6 +273,8 @@ async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.
     writer = RunWriter(state, None, shard_episodes=args.shard_episodes, commit_interval_s=args.commit_interval,
                        summary_fields=summary_fields)
     todo = [i for i in range(len(items)) if i not in state.done]
+    if not todo:
+        print(f"nothing to resume: all {len(items)} items in {args.out} are done")
     exit, error = "error", None
     try:
         async with trio.open_nursery() as nursery:

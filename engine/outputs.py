@@ -219,18 +219,25 @@ class RunWriter:
         if not kept:
             return
         encoded = await trio.to_thread.run_sync(_encode, kept, self.tokenizer)
-        data = b"".join(text for text, _ in encoded)
-        if data:
-            await self._rollouts.write(data)
-            await self._rollouts.flush()
+        unwritten: list[bytes] = []  # rows reach the file one shard at a time: a kill loses at most one
         for r, (text, stats) in zip(kept, encoded):
+            unwritten.append(text)
             self._bytes += len(text)
             if not self._pending:
                 self._pending_since = time.perf_counter()
             self._pending.append((r, self._bytes, stats))
             self._pending_accepted += r.status == "accepted"
             if self._pending_accepted >= self.shard_episodes:
+                await self._write_rows(unwritten)
                 await self._commit()
+        await self._write_rows(unwritten)
+
+    async def _write_rows(self, unwritten: list[bytes]) -> None:
+        data = b"".join(unwritten)
+        unwritten.clear()
+        if data:
+            await self._rollouts.write(data)
+            await self._rollouts.flush()
 
     async def _commit(self) -> None:
         if not self._pending:

@@ -232,7 +232,7 @@ def test_resume_refuses_other_options_and_fresh_runs_refuse_an_unfinished_folder
     (out / "run.json").write_text(json.dumps({"format": 1, "options": {"dataset": "builtin:arith:8", "limit": None,
                                                                        "n_samples": 2}, "n_items": 8,
                                               "fingerprint": "x"}))
-    (out / "progress.jsonl").write_text("")
+    (out / "progress.jsonl").write_text('{"kind": "segment", "segment": 0, "submitted": 8, "version": 0}\n')
     assert main(["run", "--backend", "sim", "--resume", str(out), "--n-samples", "3", "--quiet"]) == 2
     assert "--n-samples 3 differs from the run's --n-samples 2" in capsys.readouterr().err
     assert main(["run", "--backend", "sim", "--out", str(out), "--quiet"]) == 2

@@ -105,8 +105,8 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
     from .executor import EpisodeResult
 
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"load_state_dict: unknown state format {state.get('format') if isinstance(state, dict) else state!r}"
-                         f" (expected {FORMAT})")
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"load_state_dict: unknown state format {found!r} (expected {FORMAT})")
     if engine._counts["submitted"]:
         raise ValueError(f"load_state_dict needs a fresh engine; this one has submitted {engine._counts['submitted']} "
                          "episodes")

@@ -1,7 +1,8 @@
 """SIGINT / SIGTERM handling for the ``rollout`` application.
 
 Only the command line uses this module: it is the application, so it may own
-the process's signals (the engine, a library, never touches them).  :func:`watch_signals` runs inside ``trio.run`` and holds a
+the process's signals (the engine, a library, never touches them).
+:func:`watch_signals` runs inside ``trio.run`` and holds a
 ``trio.open_signal_receiver`` for both signals while the run lasts:
 
 - the first signal is recorded on an :class:`Interrupt` and cancels the given

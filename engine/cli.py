@@ -23,7 +23,6 @@ Bad input ends with one line ``rollout: error: ...`` on stderr and exit status 2
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -250,6 +249,8 @@ async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.
 
     if args.resume is not None:
         await trio.to_thread.run_sync(resolve_resume_options, args, explicit)
+        if args.backend in ("sglang", "vllm") and not args.server:
+            raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     items = load_dataset(args.dataset, args.limit)

@@ -9,7 +9,6 @@ then the k-th new row of ``rollouts.jsonl``), never on fixed sleeps.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -101,9 +100,10 @@ def _rows_on_disk(out: Path) -> int:
 
 
 def _run_args(n_items: int, out: Path, resume: bool) -> list[str]:
+    where = ["--resume", str(out)] if resume else ["--out", str(out)]
     return ["run", "--backend", "sim", "--dataset", f"builtin:arith:{n_items}", "--n-samples", str(N_SAMPLES),
             "--max-new-tokens", "16", "--concurrency", "8", "--sim-per-token-s", "0.002", "--shard-episodes",
-            str(SHARD), "--quiet", "--reward-timeout", "60", *(["--resume", str(out)] if resume else ["--out", str(out)])]
+            str(SHARD), "--quiet", "--reward-timeout", "60", *where]
 
 
 def _interrupt(server: ForkServer, argv: list[str], out: Path, segment: int, after_rows: int, signum: int,

@@ -154,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the signal receiver was installed
         print("rollout: interrupted", file=sys.stderr)
         return 130
+    except BaseExceptionGroup as group:
+        if group.split(KeyboardInterrupt)[1] is not None:  # anything but KeyboardInterrupt inside
+            raise
+        print("rollout: interrupted", file=sys.stderr)
+        return 130
     out = Path(args.out)
     if summary["exit"] in ("SIGINT", "SIGTERM"):
         print(f"rollout: interrupted by {summary['exit']}: {summary['items_done']}/{summary['items']} items done, "

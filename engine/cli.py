@@ -1,17 +1,26 @@
 """``rollout``: the command line.
 
 ``rollout run`` turns a dataset into trajectories with a workflow (``--workflow``,
-default RLVR; see ``rollout run --help`` for the built-ins) and
-writes, into ``--out``:
+default RLVR; see ``rollout run --help`` for the built-ins) and writes, into
+``--out``, as episodes end (layout and loaders: :mod:`engine.outputs`):
 
-- ``trajectories/``: the padded batch, saved with TensorDict's own persistence
-  (``TensorDict.load(DIR/"trajectories")`` or ``load_memmap`` reads it);
+- ``trajectories/shard-NNNNNN/``: accepted trajectories in shards, each saved with
+  TensorDict's own persistence (``TensorDict.load(shard)``);
+  ``engine.outputs.load_trajectories(OUT)`` reads them all as one padded batch;
 - ``rollouts.jsonl``: one line per trajectory (prompt, completion, reward,
-  stop_reason, token counts);
+  stop_reason, token counts), appended as each episode ends;
 - ``summary.json`` (plain JSON): accounting, reward mean, truncation rate,
   throughput, what was used (backend, model, tokenizer, servers and the model
   each server reported, seed), ``startup_seconds`` (loading the model, waiting
-  for servers) apart from ``wall_seconds`` (the rollout itself).
+  for servers) apart from ``wall_seconds`` (the rollout itself); rewritten at
+  every commit and at exit;
+- ``run.json``, ``progress.jsonl``: the run's options and journal, for ``--resume``.
+
+SIGINT / SIGTERM stop the run: admission stops, episodes in flight are cancelled
+(``cancelled`` in the summary), what completed is written, and the exit status is
+130 / 143 with one line on stderr; a second signal exits at once.  ``rollout run
+--resume OUT`` continues an interrupted run, skipping the items already done.
+A run that accepts no episode exits 1 with one line.
 
 A remote run (``--backend sglang|vllm``) takes its tokenizer from ``--model`` or
 from the model the servers report, and refuses a mismatch at start-up
@@ -26,10 +35,9 @@ status 1 (its outputs are still written).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import shutil
+import os
 import sys
 import time
 from pathlib import Path
@@ -130,6 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds per reward attempt before its worker is killed (default 15)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                     help="continue the interrupted run in DIR (its options are reused; items already done are "
+                          "skipped)")
+    run.add_argument("--shard-episodes", type=_positive_int, default=64,
+                     help="accepted episodes per trajectory shard, written atomically (default 64)")
+    run.add_argument("--commit-interval", type=_positive_float, default=10.0,
+                     help="seconds a finished episode waits at most before it is committed (default 10)")
+    run.add_argument("--sim-per-token-s", type=_non_negative_float, default=0.0,
+                     help="--backend sim: seconds per generated token (default 0)")
+    parser.run_parser = run  # for _explicit_options
     from .bench import add_bench_parser
     from .serve import add_serve_parser
 
@@ -150,19 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend in ("sglang", "vllm") and not args.server:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
+    explicit = _explicit_options(argv) if args.resume is not None else set()
     try:
         _check_out(args.out)
         from ._cli_workflow import plan_workflow
 
         args.workflow_plan = plan_workflow(args)  # before the model loads: a typo fails at once
-        summary = trio.run(_run, args)
+        summary = trio.run(_run, args, explicit)
     except (RolloutError, ValueError, OSError) as exc:
         print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the signal receiver was installed
         print("rollout: interrupted", file=sys.stderr)
         return 130
-    out = args.out
+    except BaseExceptionGroup as group:
+        if group.split(KeyboardInterrupt)[1] is not None:  # anything but KeyboardInterrupt inside
+            raise
+        print("rollout: interrupted", file=sys.stderr)
+        return 130
+    out = Path(args.out)
+    if summary["exit"] in ("SIGINT", "SIGTERM"):
+        print(f"rollout: interrupted by {summary['exit']}: {summary['items_done']}/{summary['items']} items done, "
+              f"{summary['cancelled']} episodes cancelled; continue with: rollout run --resume {out}", file=sys.stderr)
+        return 130 if summary["exit"] == "SIGINT" else 143
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
         print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
         return 1
@@ -198,6 +226,17 @@ def _nothing_accepted(summary: dict[str, Any]) -> str:
     return _one_line(f"0 of {summary['submitted']} episodes accepted ({why}){detail}")
 
 
+_UNSET = object()
+
+
+def _explicit_options(argv: list[str] | None) -> set[str]:
+    """The ``rollout run`` options given on the command line (not defaulted)."""
+    parser = build_parser()
+    run = parser.run_parser  # type: ignore[attr-defined]
+    run.set_defaults(**{a.dest: _UNSET for a in run._actions if a.dest != "help"})
+    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not _UNSET}
+
+
 def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the tokenizer and build the backend named by ``--backend``."""
     import torch
@@ -226,7 +265,8 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     else:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
     config = SimConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, first_token_id=0,
-                       out_len_median=max(1, args.max_new_tokens // 2), out_len_sigma=0.5, seed=args.seed)
+                       out_len_median=max(1, args.max_new_tokens // 2), out_len_sigma=0.5, seed=args.seed,
+                       per_token_s=args.sim_per_token_s)
     return tokenizer, SimBackend(config)
 
 
@@ -249,81 +289,116 @@ def _load_processor(args: argparse.Namespace) -> Any:
 
     return load_vision_processor(args.model, flag=f"--workflow {args.workflow}")
 
-    from .models import resolve_model
 
-    return AutoProcessor.from_pretrained(resolve_model(args.model))
+async def _run(args: argparse.Namespace, explicit: set[str] = frozenset()) -> dict[str, Any]:
+    """The run under a SIGINT/SIGTERM receiver; returns the summary (``exit``
+    says how it ended).  Errors are raised as themselves, not in a group."""
+    from ._signals import Interrupt, watch_signals
+
+    interrupt, stop = Interrupt(), trio.CancelScope()
+    outcome: Any = None
+    async with trio.open_nursery() as guard:
+        await guard.start(watch_signals, interrupt, stop)
+        try:
+            outcome = await _run_segment(args, explicit, stop, interrupt)
+        except Exception as exc:  # re-raised below, outside the nursery
+            outcome = exc
+        guard.cancel_scope.cancel()
+    if isinstance(outcome, BaseException):
+        while isinstance(outcome, BaseExceptionGroup) and len(outcome.exceptions) == 1:
+            outcome = outcome.exceptions[0]
+        raise outcome
+    return outcome
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from ._cli_workflow import build_workflow
-    from .data import concat_padded_tensors
+async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.CancelScope,
+                       interrupt: Any) -> dict[str, Any]:
+    """One segment of a run (the whole run unless interrupted): open the run
+    folder, run the items not done yet, write outputs as they end."""
+    from ._journal import LOCKED_OPTIONS, open_run_dir, resolve_resume_options
     from .datasets import load_dataset
     from .executor import open_rollout_engine
-    from .types import GenerationHyperparameters
+    from .outputs import RunWriter
 
+    if args.resume is not None:
+        await trio.to_thread.run_sync(resolve_resume_options, args, explicit)
+        if args.backend in ("sglang", "vllm") and not args.server:
+            raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     from ._cli_workflow import DEFAULT_REWARD
 
     required = ("answer",) if args.reward == DEFAULT_REWARD else ()  # the GSM8K reward's data key
     items = load_dataset(args.dataset, args.limit, required=required)
-    start = time.perf_counter()
-    tokenizer, backend, used = await _setup_backend(args)
+    options = {name: getattr(args, name) for name in LOCKED_OPTIONS}
+    state = await trio.to_thread.run_sync(
+        lambda: open_run_dir(Path(args.out), options, items, resume=args.resume is not None))
+    engine: Any = None
+    static = {"backend": args.backend,
+              "model": args.model or ("builtin:smollm2" if args.backend == "hf" else "builtin:tiny-tokenizer"),
+              "dataset": args.dataset, "n_samples": args.n_samples, "group_size": args.group_size,
+              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "final_version": state.version,
+              "workflow": args.workflow, "seed": args.seed}
+
+    def summary_fields() -> dict[str, Any]:
+        fields = dict(static)
+        if engine is not None:
+            s = engine.statistics()
+            fields.update(final_version=s.version, reward_fallbacks=s.reward_fallbacks,
+                          retokenization_drifts=s.retokenization_drifts,
+                          reward_statistics=_plain(s.rewards), backend_statistics=_plain(s.backend))
+        return fields
+
+    writer = RunWriter(state, None, shard_episodes=args.shard_episodes, commit_interval_s=args.commit_interval,
+                       summary_fields=summary_fields)
+    todo = [i for i in range(len(items)) if i not in state.done]
+    if not todo:
+        print(f"nothing to resume: all {len(items)} items in {args.out} are done")
+    exit, error = "error", None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            try:
+                if todo:
+                    with stop:
+                        start = time.perf_counter()
+                        tokenizer, backend, used = await _setup_backend(args)
+                        writer.tokenizer = tokenizer
+                        static.update(used, logprob_semantics=backend.logprob_semantics)
+                        workflow, config = await _workflow_and_config(args, tokenizer)
+                        async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+                            static["startup_seconds"] = time.perf_counter() - start  # model load, servers
+                            await engine.reward_pool.check_reward_fn(args.workflow_plan.reward_fn, items[todo[0]])
+                            if state.version:
+                                engine.restore(state.version)
+                            for i in todo:
+                                engine.submit(items[i], workflow, group_size=args.group_size, task_id=i)
+                            writer.begin(len(todo))
+                            await _collect(engine, writer, len(todo), done=len(state.done), n_items=len(items),
+                                           quiet=args.quiet, step_every=args.consumer_batch_size)
+                    if engine is not None and stop.cancelled_caught:  # what ended before the close is kept
+                        for result in await engine.wait_results(engine.statistics().results_waiting):
+                            writer.record(result)
+                exit = interrupt.name or "completed"
+            except Exception as exc:  # the writer still commits what ended; re-raised below
+                error = exc
+            writer.end(exit)
+    finally:
+        os.close(state.lock_fd)
+    if error is not None:
+        raise error
+    return writer.summary
+
+
+async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:
+    from ._cli_workflow import build_workflow
+    from .types import GenerationHyperparameters
+
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0, seed=args.seed)
     plan = args.workflow_plan
     processor = await trio.to_thread.run_sync(_load_processor, args) if plan.needs_processor else None
-    workflow = build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor)
-    config = _engine_config(args)
-    async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
-        opened = time.perf_counter()  # start-up (model load, waiting for servers) ends here
-        await engine.reward_pool.check_reward_fn(plan.reward_fn, items[0])  # before any episode
-        for item in items:
-            engine.submit(item, workflow, group_size=args.group_size)
-        results = await _collect(engine, len(items), quiet=args.quiet, step_every=args.consumer_batch_size)
-        stats = engine.statistics()
-    wall = time.perf_counter() - opened
-    results.sort(key=lambda r: r.task_id)
-    accepted = [r for r in results if r.status == "accepted"]
-    batch = concat_padded_tensors([r.trajectory for r in accepted])
-    rows = _rollout_rows(accepted, tokenizer)
-    n_gen = sum(r["completion_tokens"] for r in rows)
-    summary = {
-        "submitted": stats.submitted,
-        "accepted": stats.accepted,
-        "rejected": stats.rejected,
-        "failed": stats.failed,
-        "rejected_by_reason": stats.rejected_by_reason,
-        "failed_by_reason": stats.failed_by_reason,
-        "failures": [
-            {"task_id": r.task_id, "reason": r.reason, "error_type": r.error_type, "error_message": r.error_message}
-            for r in results if r.status == "failed"
-        ],
-        "trajectories": len(rows),
-        "reward_fallbacks": stats.reward_fallbacks,
-        "workflow": args.workflow,
-        "retokenization_drifts": stats.retokenization_drifts,
-        "reward_mean": (sum(r["reward"] for r in rows) / len(rows)) if rows else 0.0,
-        "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
-        "generated_tokens": n_gen,
-        "wall_seconds": wall,
-        "startup_seconds": opened - start,
-        "generated_tokens_per_second": n_gen / wall if wall > 0 else 0.0,
-        "backend": args.backend,
-        **used,  # model, tokenizer, servers (and for a remote run what each server reported)
-        "seed": args.seed,
-        "dataset": args.dataset,
-        "n_samples": args.n_samples,
-        "group_size": args.group_size,
-        "final_version": stats.version,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "logprob_semantics": backend.logprob_semantics,
-        "reward_statistics": _plain(stats.rewards),
-        "backend_statistics": _plain(stats.backend),
-    }
-    await trio.to_thread.run_sync(_write_outputs, args.out, batch, rows, summary)
-    return summary
+    return build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor), _engine_config(args)
 
 
 def _engine_config(args: argparse.Namespace) -> Any:
@@ -336,56 +411,32 @@ def _engine_config(args: argparse.Namespace) -> Any:
                         dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True)
 
 
-async def _collect(engine: Any, total: int, *, quiet: bool, step_every: int | None) -> list[Any]:
-    """Take every result as it ends, with live progress unless ``quiet``.  With
-    ``step_every = B``, bump the policy version after each B accepted results, as
-    a trainer consuming batches would."""
+async def _collect(engine: Any, writer: Any, total: int, *, done: int, n_items: int, quiet: bool,
+                   step_every: int | None) -> None:
+    """Hand every result to ``writer`` as it ends, with live progress unless
+    ``quiet``.  With ``step_every = B``, bump the policy version after each B
+    accepted results, as a trainer consuming batches would."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    results: list[Any] = []
-    since_step = 0
+    taken = since_step = 0
     start = time.perf_counter()
     with Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}"), disable=quiet, transient=False) as progress:
-        bar = progress.add_task("episodes", total=total, info="")
-        while len(results) < total:
+        bar = progress.add_task("episodes", total=n_items, completed=done, info="")
+        while taken < total:
             got = await engine.wait_results(1)
-            results += got
+            taken += len(got)
+            for result in got:
+                writer.record(result)
             since_step += sum(r.status == "accepted" for r in got)
             if step_every and since_step >= step_every:
                 since_step -= step_every
                 engine.set_version(engine.version + 1)
             s = engine.statistics()
             rate = s.generated_tokens / max(time.perf_counter() - start, 1e-9)
-            progress.update(bar, completed=len(results),
+            progress.update(bar, completed=done + taken,
                             info=f"ok {s.accepted} rej {s.rejected} fail {s.failed} | in flight {s.running} "
                                  f"| {rate:.0f} tok/s | v{s.version}")
-    return results
-
-
-def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
-    rows = []
-    for result in accepted:
-        traj = result.trajectory
-        for i in range(traj.batch_size[0]):
-            real = traj["attention_mask"][i]
-            ids = traj["input_ids"][i][real]
-            gen = traj["loss_mask"][i][real].bool()
-            prompt_ids, completion_ids = ids[~gen].tolist(), ids[gen].tolist()
-            rows.append({
-                "task_id": result.task_id,
-                "sample": i,
-                "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=False),
-                "completion": tokenizer.decode(completion_ids, skip_special_tokens=True),
-                "reward": float(traj["rewards"][i]),
-                "reward_is_fallback": bool(traj["reward_is_fallback"][i]) if "reward_is_fallback" in traj.keys()
-                else False,
-                "stop_reason": "length" if bool(traj["is_truncated"][i]) else "stop",
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(completion_ids),
-                **{key: traj[key][i].item() for key in ("num_turns", "retokenization_drift") if key in traj.keys()},
-            })
-    return rows
 
 
 def _plain(obj: Any) -> Any:
@@ -402,18 +453,6 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
     return repr(obj)
-
-
-def _write_outputs(out: Path, batch: Any, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    traj_dir = out / "trajectories"
-    if traj_dir.exists():
-        shutil.rmtree(traj_dir)
-    batch.memmap(traj_dir)
-    with (out / "rollouts.jsonl").open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

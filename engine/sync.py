@@ -180,6 +180,16 @@ class RolloutEngineThread:
         """See :meth:`engine.RolloutEngine.restore`."""
         self._run_sync(self._engine.restore, version)
 
+    def state_dict(self) -> dict[str, Any]:
+        """See :meth:`engine.RolloutEngine.state_dict`."""
+        return self._run_sync(self._engine.state_dict)
+
+    def load_state_dict(self, state: dict[str, Any], workflow: Any = None,
+                        workflow_kwargs: dict[str, Any] | None = None,
+                        should_accept_fn: Callable[..., Any] | None = None) -> list[int]:
+        """See :meth:`engine.RolloutEngine.load_state_dict`."""
+        return self._run_sync(lambda: self._engine.load_state_dict(state, workflow, workflow_kwargs, should_accept_fn))
+
     def pause(self) -> None:
         """See :meth:`engine.RolloutEngine.pause`."""
         self._run_sync(self._engine.pause)

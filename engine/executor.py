@@ -71,6 +71,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STALENESS_POLICIES = ("drop", "flag")
+#: seconds a prepare_batch waits before it logs why it is still waiting (and again after each further interval)
+PATIENCE_S = 60.0
 
 #: Inside ``arun_episode``: this member's sample index within its group (0 for
 #: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
@@ -749,9 +751,10 @@ class RolloutEngine:
 
     def _why_waiting(self) -> str:
         """Explain queued episodes that cannot start (for timeout messages)."""
-        queued = self._counts["queued"]
+        queued, running = self._counts["queued"], self._counts["running"]
         if not queued:
-            return ""
+            return (f"; {running} episodes are still running (the first results also wait for the model and "
+                    "the reward workers to start)") if running else ""
         if self.paused:
             return f"; {queued} episodes are queued because the engine is paused (call resume())"
         if self._staleness.capacity(self.version) <= 0 and self._counts["running"] == 0:
@@ -814,7 +817,7 @@ class RolloutEngine:
                                f"{type(items).__name__} (a dict here is usually a collated batch: "
                                "build the DataLoader with collate_fn=lambda rows: rows)")
         if self._breaker.open and self._breaker.reported:
-            self._breaker.reset()
+            self._breaker.reset(watermark=self._next_id)
         wf = self._resolve(workflow, workflow_kwargs)
         ids = [self.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
         trips = self._breaker.trips
@@ -883,7 +886,7 @@ class RolloutEngine:
             raise trio.ClosedResourceError("the rollout engine is closed")
         B = self.config.consumer_batch_size
         if self._breaker.open and self._breaker.reported:  # called again after the error: submit again
-            self._breaker.reset()
+            self._breaker.reset(watermark=self._next_id)  # what is still in flight ran the old cause
         feeder = self._feeder_for(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
 
         def ready() -> bool:
@@ -896,8 +899,14 @@ class RolloutEngine:
             return ready() or self._breaker.open or feeder.error is not None or drained()
 
         self._refill()
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            await self._buffer.wait_until(stop_waiting)
+        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+        while not stop_waiting() and trio.current_time() < deadline:
+            with trio.move_on_at(min(deadline, trio.current_time() + PATIENCE_S)):
+                await self._buffer.wait_until(stop_waiting)
+            if not stop_waiting() and trio.current_time() < deadline:  # a long wait says why, once per PATIENCE_S
+                logger.warning("prepare_batch has waited %.0f s for %d %s results%s%s", PATIENCE_S, B,
+                               "ended" if dynamic_bs else "accepted", self._why_waiting(),
+                               self._breaker.recent_failures())
         self._raise_feeder_error(feeder)
         if not ready():
             if self._breaker.open:

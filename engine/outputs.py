@@ -127,7 +127,9 @@ class RunWriter:
 
     # -- the producer side (sync) -----------------------------------------------------
     def begin(self, submitted: int) -> None:
-        """The segment has submitted ``submitted`` episodes (journal ``segment`` line)."""
+        """The segment has submitted ``submitted`` episodes (journal ``segment`` line); its
+        ``wall_seconds`` count from here (start-up, e.g. loading the model, is reported apart)."""
+        self._start = time.perf_counter()
         self._send.send_nowait(("segment", submitted))
 
     def record(self, result: Any) -> None:

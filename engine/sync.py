@@ -164,6 +164,15 @@ class RolloutEngineThread:
         """See :meth:`engine.RolloutEngine.prepare_batch`."""
         return self._run(lambda: self._engine.prepare_batch(dataloader, workflow, **kwargs))
 
+    def reset_data_stream(self) -> None:
+        """See :meth:`engine.RolloutEngine.reset_data_stream`."""
+        self._run_sync(self._engine.reset_data_stream)
+
+    @property
+    def data_stream(self) -> Any:
+        """See :attr:`engine.RolloutEngine.data_stream` (read it, do not drive it from this thread)."""
+        return self._run_sync(lambda: self._engine.data_stream)
+
     def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Blocking ``agenerate`` (for scripts; episodes should run in workflows)."""
         return self._run(self._engine.agenerate, req)

@@ -105,10 +105,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: ``GenerationHyperparameters.top_k`` at or above this means "no top-k filter".
-NO_TOP_K = 100_000_000
-
-
 def _check_seconds(owner: str, name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -1068,11 +1064,6 @@ def _history(history: list[str], keep: int = 3) -> str:
     if len(history) <= keep:
         return "; ".join(history)
     return f"{len(history) - keep} earlier failure(s); " + "; ".join(history[-keep:])
-
-
-def sampling_top_k(top_k: int) -> int:
-    """``GenerationHyperparameters.top_k`` on the wire: ``-1`` when disabled."""
-    return -1 if top_k >= NO_TOP_K else int(top_k)
 
 
 _KINDS = {"sglang": ("engine.backends.sglang", "SGLangBackend"), "vllm": ("engine.backends.vllm", "VLLMBackend")}

@@ -1,6 +1,6 @@
 """``sglang``: SGLang's native token-in/token-out ``POST /generate`` (non-streaming).
 
-Also speaks to ``rollout serve`` (``engine/serve.py``) and, as one server, to an
+Also speaks to ``rollout serve`` (:mod:`engine.serve`) and, as one server, to an
 sglang-router / SGLang Model Gateway URL.  Verified with ``sglang-router`` 0.3.2 in front of
 ``rollout serve`` (``tests/test_remote_router.py``): ``/generate`` and ``/health`` (a plain
 ``OK``) pass, a client disconnect stops the worker, but ``/abort_request``,
@@ -42,13 +42,12 @@ from typing import Any
 
 from ..errors import BackendError
 from ..types import ModelRequest
-from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall, sampling_top_k
+from . import sglang_wire as wire
+from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall
 
 __all__ = ["SGLangBackend"]
 
 logger = logging.getLogger(__name__)
-
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class SGLangBackend(RemoteBackend):
@@ -63,68 +62,14 @@ class SGLangBackend(RemoteBackend):
     pause_modes = ("abort", "retract", "in_place")
 
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
-        g = request.gconfig
-        params: dict[str, Any] = {
-            "max_new_tokens": budget,
-            "temperature": 0.0 if g.greedy else float(g.temperature),
-            "top_p": 1.0 if g.greedy else float(g.top_p),
-            "top_k": -1 if g.greedy else sampling_top_k(g.top_k),
-            "min_new_tokens": min(g.min_new_tokens, budget),
-            "stop_token_ids": list(g.stop_token_ids),
-            "ignore_eos": bool(g.ignore_eos),
-            "skip_special_tokens": bool(g.skip_special_tokens),
-            "frequency_penalty": float(g.frequency_penalty),
-        }
-        if g.stop:
-            params["stop"] = list(g.stop)
-        if g.seed is not None:
-            params["sampling_seed"] = int(g.seed)
-        payload: dict[str, Any] = {
-            "input_ids": list(request.input_ids),
-            "sampling_params": params,
-            "rid": wire_id,
-            "return_logprob": True,
-            "stream": False,
-        }
-        if request.image_data:
-            payload["image_data"] = list(request.image_data)
-        return payload
+        return wire.generate_payload(request, budget, wire_id)
 
     def parse_generation(self, body: Any) -> ParsedGeneration:
-        if isinstance(body, list):  # a batch answer of one
-            if len(body) != 1:
-                raise ValueError(f"expected one result, got a list of {len(body)}")
-            body = body[0]
-        meta = body["meta_info"]
-        finish = meta.get("finish_reason")
-        if not isinstance(finish, dict) or "type" not in finish:
-            raise ValueError(f"meta_info.finish_reason is {finish!r}, expected an object with a type")
-        kind = finish["type"]
-        if kind not in _FINISH:
-            raise ValueError(f"unknown finish_reason type {kind!r}")
-        if kind == "abort":
-            code = finish.get("status_code")
-            if isinstance(code, int) and 400 <= code < 500:
-                raise RemoteCallError(f"server rejected the request (HTTP {code}): {finish.get('message')}",
-                                      server_fault=False)
-        items = meta.get("output_token_logprobs")
-        if items is None:
-            if meta.get("completion_tokens", 0) and kind != "abort":
-                raise ValueError("meta_info.output_token_logprobs is missing (return_logprob not honoured?)")
-            items = []
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        for item in items:
-            lp, tid = item[0], item[1]
-            tokens.append(tid)
-            logprobs.append(float("nan") if lp is None else lp)
-        output_ids = body.get("output_ids")
-        if isinstance(output_ids, list) and output_ids != tokens:
-            if len(output_ids) == len(tokens):
-                raise RemoteCallError("output_ids disagree with the token ids in meta_info.output_token_logprobs")
-            tokens = output_ids  # count mismatch: the engine's evidence check reports it
-        version = meta.get("weight_version")
-        return ParsedGeneration(tokens, logprobs, _FINISH[kind], None if version is None else str(version))
+        try:
+            answer = wire.parse_generate_answer(body)
+        except wire.AnswerRejected as exc:
+            raise RemoteCallError(str(exc), server_fault=exc.server_fault) from None
+        return ParsedGeneration(answer.tokens, answer.logprobs, answer.stop_reason, answer.weight_version)
 
     def abort_call(self, wire_id: str):
         return "POST", "/abort_request", {"rid": wire_id}, None

@@ -51,9 +51,13 @@ from typing import Any
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import ModelRequest, ModelResponse
-from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall, sampling_top_k
+from .remote import ParsedGeneration, RemoteBackend, RemoteCallError, WireCall
+from .sglang_wire import sampling_params
 
 __all__ = ["VLLMBackend", "vllm_abort_id"]
+
+#: the sampling fields vLLM names differently from SGLang (:func:`sampling_params`)
+_VLLM_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop", "tool_calls": "tool_calls"}
 
@@ -166,29 +170,11 @@ class VLLMBackend(RemoteBackend):
         return first.get("root") or first.get("id")
 
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
-        g = request.gconfig
-        payload: dict[str, Any] = {
-            "model": self.model,
-            "prompt": list(request.input_ids),
-            "max_tokens": budget,
-            "temperature": 0.0 if g.greedy else float(g.temperature),
-            "top_p": 1.0 if g.greedy else float(g.top_p),
-            "top_k": -1 if g.greedy else sampling_top_k(g.top_k),
-            "min_tokens": min(g.min_new_tokens, budget),
-            "stop_token_ids": list(g.stop_token_ids),
-            "ignore_eos": bool(g.ignore_eos),
-            "skip_special_tokens": bool(g.skip_special_tokens),
-            "frequency_penalty": float(g.frequency_penalty),
-            "logprobs": 0,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-            "request_id": wire_id,
-            "stream": False,
-        }
-        if g.stop:
-            payload["stop"] = list(g.stop)
-        if g.seed is not None:
-            payload["seed"] = int(g.seed)
+        params = sampling_params(request.gconfig, budget)  # SGLang's names; vLLM's below
+        payload: dict[str, Any] = {"model": self.model, "prompt": list(request.input_ids)}
+        payload.update((_VLLM_NAMES.get(k, k), v) for k, v in params.items())
+        payload.update({"logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                        "request_id": wire_id, "stream": False})
         return payload
 
     def parse_generation(self, body: Any) -> ParsedGeneration:

@@ -390,26 +390,19 @@ def test_cli_vision_rlvr_needs_an_image_model(tmp_path, capsys):
 
 @pytest.mark.slow
 async def test_rollout_serve_passes_image_data_to_the_model(vlm_dir, processor, vlm, reward_pool):
-    """The SGLang client -> ``rollout serve``'s app (in-process, over httpx's MockTransport) ->
+    """The SGLang client -> ``rollout serve``'s app (in-process, over httpx's ASGITransport) ->
     the hf backend, which reads the images with the folder's own processor."""
     import httpx
 
-    from engine.serve import HTTPRequest, RequestRejected, SGLangServer, json_response
+    from engine.serve import SGLangServer
 
     server = SGLangServer(HFBackend(vlm_dir), model_path=vlm_dir)
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        try:
-            resp = await server.handle(HTTPRequest(request.method, request.url.path, {}, dict(request.headers),
-                                                   request.content))
-        except RequestRejected as exc:  # what serve_http answers
-            resp = json_response({"error": {"message": exc.message}}, exc.status)
-        return httpx.Response(resp.status, content=resp.body, headers={"content-type": resp.content_type})
+    transport = httpx.ASGITransport(app=server.app)
 
     item = load_dataset("builtin:shapes:1")[0]
     g = GenerationHyperparameters(max_new_tokens=6, greedy=True, ignore_eos=True)
     workflow = VisionRLVRWorkflow(zero_reward, g, None, processor)
-    backend = make_remote_backend("sglang", [A], transport=httpx.MockTransport(handler), seed=0)
+    backend = make_remote_backend("sglang", [A], transport=transport, seed=0)
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)

@@ -72,6 +72,7 @@ class FailureBreaker:
         self.trip: BreakerTrip | None = None
         self.trips = 0
         self.reported = False  # the trip was raised to the caller (the next call resets the breaker)
+        self.watermark = 0  # episodes with a lower task id were submitted before the last reset: ignored
 
     @property
     def open(self) -> bool:
@@ -79,7 +80,7 @@ class FailureBreaker:
 
     def record(self, result: Any) -> None:
         """Count one ended episode (an :class:`~engine.executor.EpisodeResult`)."""
-        if result.status == "failed" and result.reason == "cancelled":
+        if (result.status == "failed" and result.reason == "cancelled") or result.task_id < self.watermark:
             return
         failed = result.status == "failed"
         self._recent.append((failed, result.reason if failed else None))
@@ -104,8 +105,12 @@ class FailureBreaker:
         self.trip = BreakerTrip(failed, seen, by_reason, _example(self._last_failure), rule)
         self.trips += 1
 
-    def reset(self) -> None:
-        """Close the breaker and forget the history (after the error was raised)."""
+    def reset(self, watermark: int | None = None) -> None:
+        """Close the breaker and forget the history (after the error was raised).
+        Episodes with a task id below ``watermark`` (submitted before the cause could
+        be fixed, still in flight) are not counted afterwards."""
+        if watermark is not None:
+            self.watermark = watermark
         self.trip = None
         self.reported = False
         self._recent.clear()

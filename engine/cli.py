@@ -1,21 +1,24 @@
 """``rollout``: the command line.
 
 ``rollout run`` turns a dataset into trajectories with a workflow (``--workflow``,
-default RLVR; see ``rollout run --help`` for the built-ins) and
-writes, into ``--out``:
+default RLVR; see ``rollout run --help`` for the built-ins) and writes, into
+``--out``, as episodes end (layout and loaders: :mod:`engine.outputs`):
 
-- ``trajectories/``: the padded batch, saved with TensorDict's own persistence
-  (``TensorDict.load(DIR/"trajectories")`` or ``load_memmap`` reads it);
+- ``trajectories/shard-NNNNNN/``: accepted trajectories in shards, each saved with
+  TensorDict's own persistence (``TensorDict.load(shard)``);
+  ``engine.outputs.load_trajectories(OUT)`` reads them all as one padded batch;
 - ``rollouts.jsonl``: one line per trajectory (prompt, completion, reward,
-  stop_reason, token counts);
-- ``config.toml``: every option of the run (``rollout run --config OUT/config.toml``
-  repeats it; :mod:`engine.config_file`);
-- ``metrics.jsonl`` (a sample per second) and ``episodes.jsonl`` (one line per
-  ended episode), which ``rollout report OUT`` plots (:mod:`engine.report`);
+  stop_reason, token counts), appended as each episode ends;
 - ``summary.json`` (plain JSON): accounting, reward mean, truncation rate,
   throughput, what was used (backend, model, tokenizer, servers and the model
   each server reported, seed), ``startup_seconds`` (loading the model, waiting
-  for servers) apart from ``wall_seconds`` (the rollout itself).
+  for servers) apart from ``wall_seconds`` (the rollout itself); rewritten at
+  every commit and at exit;
+- ``run.json``, ``progress.jsonl``: the run's options and journal, for ``--resume``;
+- ``config.toml``: every option of the run (``rollout run --config OUT/config.toml``
+  repeats it; :mod:`engine.config_file`);
+- ``metrics.jsonl`` (a sample per second) and ``episodes.jsonl`` (one line per
+  ended episode), which ``rollout report OUT`` plots (:mod:`engine.report`).
 
 The dataset is read with Hugging Face ``datasets`` (files, ``save_to_disk``
 folders, hub ids) and its columns mapped to chats (:mod:`engine.hf_datasets`);
@@ -23,6 +26,12 @@ folders, hub ids) and its columns mapped to chats (:mod:`engine.hf_datasets`);
 While it runs, a live view on stderr (:mod:`engine.live`: a rich panel on a
 terminal, a progress line every ``--progress-interval`` seconds elsewhere) and,
 with ``--metrics-port``, a Prometheus endpoint (:mod:`engine.metrics`).
+
+SIGINT / SIGTERM stop the run: admission stops, episodes in flight are cancelled
+(``cancelled`` in the summary), what completed is written, and the exit status is
+130 / 143 with one line on stderr; a second signal exits at once.  ``rollout run
+--resume OUT`` continues an interrupted run, skipping the items already done.
+A run that accepts no episode exits 1 with one line.
 
 A remote run (``--backend sglang|vllm``) takes its tokenizer from ``--model`` or
 from the model the servers report, and refuses a mismatch at start-up
@@ -37,10 +46,9 @@ status 1 (its outputs are still written).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import shutil
+import os
 import sys
 import time
 from pathlib import Path
@@ -143,12 +151,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds per reward attempt before its worker is killed (default 15)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
+    run.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                     help="continue the interrupted run in DIR (its options are reused; items already done are "
+                          "skipped)")
+    run.add_argument("--shard-episodes", type=_positive_int, default=64,
+                     help="accepted episodes per trajectory shard, written atomically (default 64)")
+    run.add_argument("--commit-interval", type=_positive_float, default=10.0,
+                     help="seconds a finished episode waits at most before it is committed (default 10)")
+    parser.run_parser = run  # for _explicit_options
     from ._cli_options import add_user_run_arguments
     from .bench import add_bench_parser
     from .report import add_report_parser
     from .serve import add_serve_parser
 
-    add_user_run_arguments(run)
+    add_user_run_arguments(run)  # dataset mapping, --sim-*, live view, metrics, logging, --config
     add_serve_parser(sub)
     add_bench_parser(sub)
     add_report_parser(sub)
@@ -170,30 +186,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend in ("sglang", "vllm") and not args.server:
         print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
+    explicit = _explicit_options(argv) if args.resume is not None else set()
     try:
         from .config_file import config_dict, dump_config, merge_config_file
 
         args = merge_config_file(build_parser, argv, args)  # --config FILE: flags override it
         configure_logging(args.log_level)
-        config_text = dump_config(config_dict(build_parser, args))
         if args.print_config:
-            print(config_text, end="")
+            print(dump_config(config_dict(build_parser, args)), end="")
             return 0
         _check_out(args.out)
         from ._cli_workflow import plan_workflow
 
         args.workflow_plan = plan_workflow(args)  # before the model loads: a typo fails at once
-        args.loaded = _load_items(args)  # likewise: a bad dataset fails before any work
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "config.toml").write_text(config_text, encoding="utf-8")
-        summary = trio.run(_run, args)
+        summary = trio.run(_run, args, explicit)
     except (RolloutError, ValueError, OSError) as exc:
         print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the signal receiver was installed
         print("rollout: interrupted", file=sys.stderr)
         return 130
-    out = args.out
+    except BaseExceptionGroup as group:
+        if group.split(KeyboardInterrupt)[1] is not None:  # anything but KeyboardInterrupt inside
+            raise
+        print("rollout: interrupted", file=sys.stderr)
+        return 130
+    out = Path(args.out)
+    if summary["exit"] in ("SIGINT", "SIGTERM"):
+        print(f"rollout: interrupted by {summary['exit']}: {summary['items_done']}/{summary['items']} items done, "
+              f"{summary['cancelled']} episodes cancelled; continue with: rollout run --resume {out}", file=sys.stderr)
+        return 130 if summary["exit"] == "SIGINT" else 143
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
         print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
         return 1
@@ -227,6 +249,17 @@ def _nothing_accepted(summary: dict[str, Any]) -> str:
     first = next(iter(summary.get("failures") or []), None)
     detail = f"; first: {first['error_type']}: {first['error_message']}" if first else ""
     return _one_line(f"0 of {summary['submitted']} episodes accepted ({why}){detail}")
+
+
+_UNSET = object()
+
+
+def _explicit_options(argv: list[str] | None) -> set[str]:
+    """The ``rollout run`` options given on the command line (not defaulted)."""
+    parser = build_parser()
+    run = parser.run_parser  # type: ignore[attr-defined]
+    run.set_defaults(**{a.dest: _UNSET for a in run._actions if a.dest != "help"})
+    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not _UNSET}
 
 
 def _load_items(args: argparse.Namespace) -> Any:
@@ -272,7 +305,7 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
     from ._cli_options import sim_backend
 
-    return tokenizer, sim_backend(args, tokenizer)
+    return tokenizer, sim_backend(args, tokenizer)  # --sim-* options
 
 
 async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
@@ -294,88 +327,125 @@ def _load_processor(args: argparse.Namespace) -> Any:
 
     return load_vision_processor(args.model, flag=f"--workflow {args.workflow}")
 
-    from .models import resolve_model
 
-    return AutoProcessor.from_pretrained(resolve_model(args.model))
+async def _run(args: argparse.Namespace, explicit: set[str] = frozenset()) -> dict[str, Any]:
+    """The run under a SIGINT/SIGTERM receiver; returns the summary (``exit``
+    says how it ended).  Errors are raised as themselves, not in a group."""
+    from ._signals import Interrupt, watch_signals
+
+    interrupt, stop = Interrupt(), trio.CancelScope()
+    outcome: Any = None
+    async with trio.open_nursery() as guard:
+        await guard.start(watch_signals, interrupt, stop)
+        try:
+            outcome = await _run_segment(args, explicit, stop, interrupt)
+        except Exception as exc:  # re-raised below, outside the nursery
+            outcome = exc
+        guard.cancel_scope.cancel()
+    if isinstance(outcome, BaseException):
+        while isinstance(outcome, BaseExceptionGroup) and len(outcome.exceptions) == 1:
+            outcome = outcome.exceptions[0]
+        raise outcome
+    return outcome
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from ._cli_workflow import build_workflow
-    from .data import concat_padded_tensors
+async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.CancelScope,
+                       interrupt: Any) -> dict[str, Any]:
+    """One segment of a run (the whole run unless interrupted): open the run
+    folder, run the items not done yet, write outputs as they end."""
+    from ._journal import LOCKED_OPTIONS, open_run_dir, resolve_resume_options
+    from .config_file import config_dict, dump_config
     from .executor import open_rollout_engine
     from .live import view_mode
     from .metrics import observe_run
-    from .types import GenerationHyperparameters
+    from .outputs import RunWriter
 
+    if args.resume is not None:
+        await trio.to_thread.run_sync(resolve_resume_options, args, explicit)
+        if args.backend in ("sglang", "vllm") and not args.server:
+            raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
-    items = args.loaded.items
-    start = time.perf_counter()
-    tokenizer, backend, used = await _setup_backend(args)
+    loaded = await trio.to_thread.run_sync(_load_items, args)  # a bad dataset fails before any work
+    items = loaded.items
+    options = {name: getattr(args, name) for name in LOCKED_OPTIONS}
+    state = await trio.to_thread.run_sync(
+        lambda: open_run_dir(Path(args.out), options, items, resume=args.resume is not None))
+    await trio.Path(args.out, "config.toml").write_text(dump_config(config_dict(build_parser, args)),
+                                                         encoding="utf-8")
+    engine: Any = None
+    static = {"backend": args.backend,
+              "model": args.model or ("builtin:smollm2" if args.backend == "hf" else "builtin:tiny-tokenizer"),
+              "dataset": args.dataset, "n_samples": args.n_samples, "group_size": args.group_size,
+              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "final_version": state.version,
+              "workflow": args.workflow, "seed": args.seed, "reward": args.reward,
+              "dataset_rows": loaded.rows, "dataset_rows_skipped": len(loaded.skipped), "epochs": args.epochs}
+
+    def summary_fields() -> dict[str, Any]:
+        fields = dict(static)
+        if engine is not None:
+            s = engine.statistics()
+            fields.update(final_version=s.version, reward_fallbacks=s.reward_fallbacks,
+                          retokenization_drifts=s.retokenization_drifts,
+                          reward_statistics=_plain(s.rewards), backend_statistics=_plain(s.backend))
+        return fields
+
+    writer = RunWriter(state, None, shard_episodes=args.shard_episodes, commit_interval_s=args.commit_interval,
+                       summary_fields=summary_fields)
+    todo = [i for i in range(len(items)) if i not in state.done]
+    if not todo:
+        print(f"nothing to resume: all {len(items)} items in {args.out} are done")
+    exit, error = "error", None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            try:
+                if todo:
+                    with stop:
+                        start = time.perf_counter()
+                        tokenizer, backend, used = await _setup_backend(args)
+                        writer.tokenizer = tokenizer
+                        static.update(used, logprob_semantics=backend.logprob_semantics)
+                        workflow, config = await _workflow_and_config(args, tokenizer)
+                        async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+                            static["startup_seconds"] = time.perf_counter() - start  # model load, servers
+                            await engine.reward_pool.check_reward_fn(args.workflow_plan.reward_fn, items[todo[0]])
+                            if state.version:
+                                engine.restore(state.version)
+                            async with observe_run(engine, total=len(todo), out=Path(args.out),
+                                                   append=args.resume is not None, view=view_mode(quiet=args.quiet),
+                                                   interval_s=args.progress_interval,
+                                                   metrics_port=args.metrics_port,
+                                                   metrics_host=args.metrics_host) as monitor:
+                                tracked = monitor.track(workflow)  # episode starts and tokens, for the view
+                                for i in todo:
+                                    engine.submit(items[i], tracked, group_size=args.group_size, task_id=i)
+                                writer.begin(len(todo))
+                                await _collect(engine, writer, len(todo), step_every=args.consumer_batch_size,
+                                               on_results=monitor.on_results)
+                    if engine is not None and stop.cancelled_caught:  # what ended before the close is kept
+                        for result in await engine.wait_results(engine.statistics().results_waiting):
+                            writer.record(result)
+                exit = interrupt.name or "completed"
+            except Exception as exc:  # the writer still commits what ended; re-raised below
+                error = exc
+            writer.end(exit)
+    finally:
+        os.close(state.lock_fd)
+    if error is not None:
+        raise error
+    return writer.summary
+
+
+async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:
+    from ._cli_workflow import build_workflow
+    from .types import GenerationHyperparameters
+
     gconfig = GenerationHyperparameters(n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, greedy=args.temperature == 0, seed=args.seed)
     plan = args.workflow_plan
     processor = await trio.to_thread.run_sync(_load_processor, args) if plan.needs_processor else None
-    workflow = build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor)
-    config = _engine_config(args)
-    async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
-        opened = time.perf_counter()  # start-up (model load, waiting for servers) ends here
-        await engine.reward_pool.check_reward_fn(plan.reward_fn, items[0])  # before any episode
-        async with observe_run(engine, total=len(items), out=args.out, view=view_mode(quiet=args.quiet),
-                               interval_s=args.progress_interval, metrics_port=args.metrics_port,
-                               metrics_host=args.metrics_host) as monitor:
-            tracked = monitor.track(workflow)  # episode start/tokens for the live view
-            for item in items:
-                engine.submit(item, tracked, group_size=args.group_size)
-            results = await _collect(engine, len(items), step_every=args.consumer_batch_size,
-                                     on_results=monitor.on_results)
-        stats = engine.statistics()
-    wall = time.perf_counter() - opened
-    results.sort(key=lambda r: r.task_id)
-    accepted = [r for r in results if r.status == "accepted"]
-    batch = concat_padded_tensors([r.trajectory for r in accepted])
-    rows = _rollout_rows(accepted, tokenizer)
-    n_gen = sum(r["completion_tokens"] for r in rows)
-    summary = {
-        "submitted": stats.submitted,
-        "accepted": stats.accepted,
-        "rejected": stats.rejected,
-        "failed": stats.failed,
-        "rejected_by_reason": stats.rejected_by_reason,
-        "failed_by_reason": stats.failed_by_reason,
-        "failures": [
-            {"task_id": r.task_id, "reason": r.reason, "error_type": r.error_type, "error_message": r.error_message}
-            for r in results if r.status == "failed"
-        ],
-        "trajectories": len(rows),
-        "reward_fallbacks": stats.reward_fallbacks,
-        "workflow": args.workflow,
-        "retokenization_drifts": stats.retokenization_drifts,
-        "reward_mean": (sum(r["reward"] for r in rows) / len(rows)) if rows else 0.0,
-        "truncation_rate": (sum(r["stop_reason"] == "length" for r in rows) / len(rows)) if rows else 0.0,
-        "generated_tokens": n_gen,
-        "wall_seconds": wall,
-        "startup_seconds": opened - start,
-        "generated_tokens_per_second": n_gen / wall if wall > 0 else 0.0,
-        "backend": args.backend,
-        **used,  # model, tokenizer, servers (and for a remote run what each server reported)
-        "seed": args.seed,
-        "dataset": args.dataset,
-        "dataset_rows": args.loaded.rows,
-        "dataset_rows_skipped": len(args.loaded.skipped),
-        "epochs": args.epochs,
-        "reward": args.reward,
-        "n_samples": args.n_samples,
-        "group_size": args.group_size,
-        "final_version": stats.version,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "logprob_semantics": backend.logprob_semantics,
-        "reward_statistics": _plain(stats.rewards),
-        "backend_statistics": _plain(stats.backend),
-    }
-    await trio.to_thread.run_sync(_write_outputs, args.out, batch, rows, summary)
-    return summary
+    return build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor), _engine_config(args)
 
 
 def _engine_config(args: argparse.Namespace) -> Any:
@@ -388,48 +458,24 @@ def _engine_config(args: argparse.Namespace) -> Any:
                         dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True)
 
 
-async def _collect(engine: Any, total: int, *, step_every: int | None,
-                   on_results: Any = None) -> list[Any]:
-    """Take every result as it ends, handing each batch taken to ``on_results`` (the
-    live view's per-episode callback).  With ``step_every = B``, bump the policy
-    version after each B accepted results, as a trainer consuming batches would."""
-    results: list[Any] = []
-    since_step = 0
-    while len(results) < total:
+async def _collect(engine: Any, writer: Any, total: int, *, step_every: int | None,
+                   on_results: Any = None) -> None:
+    """Hand every result to ``writer`` as it ends, and each batch taken to
+    ``on_results`` (the live view's per-episode callback).  With ``step_every = B``,
+    bump the policy version after each B accepted results, as a trainer consuming
+    batches would."""
+    taken = since_step = 0
+    while taken < total:
         got = await engine.wait_results(1)
-        results += got
+        taken += len(got)
+        for result in got:
+            writer.record(result)
         if on_results is not None:
             on_results(got)  # consumed at the current version
         since_step += sum(r.status == "accepted" for r in got)
         if step_every and since_step >= step_every:
             since_step -= step_every
             engine.set_version(engine.version + 1)
-    return results
-
-
-def _rollout_rows(accepted: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
-    rows = []
-    for result in accepted:
-        traj = result.trajectory
-        for i in range(traj.batch_size[0]):
-            real = traj["attention_mask"][i]
-            ids = traj["input_ids"][i][real]
-            gen = traj["loss_mask"][i][real].bool()
-            prompt_ids, completion_ids = ids[~gen].tolist(), ids[gen].tolist()
-            rows.append({
-                "task_id": result.task_id,
-                "sample": i,
-                "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=False),
-                "completion": tokenizer.decode(completion_ids, skip_special_tokens=True),
-                "reward": float(traj["rewards"][i]),
-                "reward_is_fallback": bool(traj["reward_is_fallback"][i]) if "reward_is_fallback" in traj.keys()
-                else False,
-                "stop_reason": "length" if bool(traj["is_truncated"][i]) else "stop",
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(completion_ids),
-                **{key: traj[key][i].item() for key in ("num_turns", "retokenization_drift") if key in traj.keys()},
-            })
-    return rows
 
 
 def _plain(obj: Any) -> Any:
@@ -446,18 +492,6 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
     return repr(obj)
-
-
-def _write_outputs(out: Path, batch: Any, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    traj_dir = out / "trajectories"
-    if traj_dir.exists():
-        shutil.rmtree(traj_dir)
-    batch.memmap(traj_dir)
-    with (out / "rollouts.jsonl").open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ else:  # pragma: no cover
 __all__ = ["ConfigError", "config_dict", "dump_config", "merge_config_file", "run_subparser"]
 
 #: Options that steer the command itself and are never saved.
-NOT_SAVED = ("config", "print_config", "help")
+NOT_SAVED = ("config", "print_config", "help", "resume")
 _UNSET = object()
 
 

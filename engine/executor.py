@@ -71,6 +71,8 @@ __all__ = [
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 STALENESS_POLICIES = ("drop", "flag")
+#: seconds a prepare_batch waits before it logs why it is still waiting (and again after each further interval)
+PATIENCE_S = 60.0
 
 #: Inside ``arun_episode``: this member's sample index within its group (0 for
 #: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
@@ -251,6 +253,14 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+def _is_cancellation(exc: BaseException) -> bool:
+    """``trio.Cancelled``, or a group holding one (a workflow's or a group's child
+    nursery re-raises its members' ``Cancelled`` inside an exception group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[0] is not None
+    return isinstance(exc, trio.Cancelled)
+
+
 def _failed(task: _Task, exc: BaseException, reason: str | None = None) -> EpisodeResult:
     return EpisodeResult(task.task_id, "failed", reason=reason or failure_reason(exc),
                          error_type=type(exc).__name__, error_message=str(exc), data=task.data)
@@ -287,6 +297,7 @@ class RolloutEngine:
         capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
         self._buffer = ResultBuffer(capacity)
         self._queue: collections.deque[_Task] = collections.deque()
+        self._running: dict[int, _Task] = {}  # admitted, not ended (their data, for state_dict)
         self._admission = trio.lowlevel.ParkingLot()
         self._unpaused = trio.Event()
         self._unpaused.set()
@@ -300,6 +311,7 @@ class RolloutEngine:
         self._segments_resumed = 0  # generation segments re-sent after an abort
         self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
         self._feeder: _Feeder | None = None
+        self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
         self._failure_log = FailureLog(logger)
@@ -326,6 +338,8 @@ class RolloutEngine:
             trio.ClosedResourceError: the engine is closed.
         """
         if self._closed:
+            if episode_id.get() is not None:  # an episode started as the engine closed: its nursery is
+                await trio.lowlevel.checkpoint()  # cancelled, so it ends as "cancelled", not failed
             raise trio.ClosedResourceError("the rollout engine is closed")
         budget = req.validate()
         task_id = episode_id.get()
@@ -428,6 +442,36 @@ class RolloutEngine:
         self._staleness.restore(version)
         self.set_version(version)
 
+    # -- checkpoints (logic in engine._checkpoint) ---------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's resumable state, for a trainer's checkpoint: policy version,
+        accounting, finished-but-unconsumed results (with their trajectories), and
+        the data of queued and running episodes.  Plain containers and tensors:
+        ``torch.save`` it; ``torch.load(..., weights_only=True)`` reads it back when
+        the dataset items are plain too.  Sync; the engine keeps running.  Format:
+        :mod:`engine._checkpoint`."""
+        from ._checkpoint import engine_state
+
+        return engine_state(self)
+
+    def load_state_dict(self, state: dict[str, Any], workflow: Any = None,
+                        workflow_kwargs: dict[str, Any] | None = None,
+                        should_accept_fn: Callable[..., Any] | None = None) -> list[int]:
+        """Restore :meth:`state_dict` into this fresh engine: version and staleness
+        counter (AReaL's restore, ``accepted = version * B``, plus the accepted
+        results restored), lifetime counts, the unconsumed results (``wait`` returns
+        them first), and the episodes that were queued or running, re-submitted with
+        their task ids to ``workflow`` (they start over).  Returns those task ids.
+
+        Raises:
+            ValueError: the engine has already submitted episodes, the state's
+                format is unknown, or it holds episodes to re-submit and
+                ``workflow`` is None.
+        """
+        from ._checkpoint import load_engine_state
+
+        return load_engine_state(self, state, workflow, workflow_kwargs, should_accept_fn)
+
     def pause(self) -> None:
         """Stop starting episodes and sending new generation segments; segments in
         flight finish."""
@@ -513,6 +557,7 @@ class RolloutEngine:
             self._counts["queued"] -= 1
             self._counts["running"] += 1
             self._staleness.running += 1
+            self._running[task.task_id] = task
             self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
 
     # -- one episode -------------------------------------------------------------------
@@ -524,7 +569,9 @@ class RolloutEngine:
             result = await self._episode_result(task)
             result = replace(self._check_staleness(result), elapsed_s=trio.current_time() - start)
             await self._buffer.put(result)  # backpressure: wait for room
-        except trio.Cancelled:
+        except BaseException as exc:
+            if not _is_cancellation(exc):
+                raise
             if result is None:  # unfinished work is cancelled; finished work is kept
                 result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
                                        error_message="the episode was cancelled", data=task.data,
@@ -666,6 +713,7 @@ class RolloutEngine:
         self._counts["running" if was_running else "queued"] -= 1
         if was_running:
             self._staleness.running -= 1
+            del self._running[result.task_id]
         self._count_end(result, +1)
         self._breaker.record(result)
         if self._feeder is not None:
@@ -703,9 +751,10 @@ class RolloutEngine:
 
     def _why_waiting(self) -> str:
         """Explain queued episodes that cannot start (for timeout messages)."""
-        queued = self._counts["queued"]
+        queued, running = self._counts["queued"], self._counts["running"]
         if not queued:
-            return ""
+            return (f"; {running} episodes are still running (the first results also wait for the model and "
+                    "the reward workers to start)") if running else ""
         if self.paused:
             return f"; {queued} episodes are queued because the engine is paused (call resume())"
         if self._staleness.capacity(self.version) <= 0 and self._counts["running"] == 0:
@@ -768,7 +817,7 @@ class RolloutEngine:
                                f"{type(items).__name__} (a dict here is usually a collated batch: "
                                "build the DataLoader with collate_fn=lambda rows: rows)")
         if self._breaker.open and self._breaker.reported:
-            self._breaker.reset()
+            self._breaker.reset(watermark=self._next_id)
         wf = self._resolve(workflow, workflow_kwargs)
         ids = [self.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
         trips = self._breaker.trips
@@ -837,7 +886,7 @@ class RolloutEngine:
             raise trio.ClosedResourceError("the rollout engine is closed")
         B = self.config.consumer_batch_size
         if self._breaker.open and self._breaker.reported:  # called again after the error: submit again
-            self._breaker.reset()
+            self._breaker.reset(watermark=self._next_id)  # what is still in flight ran the old cause
         feeder = self._feeder_for(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
 
         def ready() -> bool:
@@ -850,8 +899,14 @@ class RolloutEngine:
             return ready() or self._breaker.open or feeder.error is not None or drained()
 
         self._refill()
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            await self._buffer.wait_until(stop_waiting)
+        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+        while not stop_waiting() and trio.current_time() < deadline:
+            with trio.move_on_at(min(deadline, trio.current_time() + PATIENCE_S)):
+                await self._buffer.wait_until(stop_waiting)
+            if not stop_waiting() and trio.current_time() < deadline:  # a long wait says why, once per PATIENCE_S
+                logger.warning("prepare_batch has waited %.0f s for %d %s results%s%s", PATIENCE_S, B,
+                               "ended" if dynamic_bs else "accepted", self._why_waiting(),
+                               self._breaker.recent_failures())
         self._raise_feeder_error(feeder)
         if not ready():
             if self._breaker.open:
@@ -900,6 +955,9 @@ class RolloutEngine:
         wf = self._resolve(workflow, workflow_kwargs)
         if feeder is None:
             stream = dataloader if isinstance(dataloader, DataStream) else DataStream(dataloader)
+            if self._restored_data_position is not None and not isinstance(dataloader, DataStream):
+                stream.load_state_dict(self._restored_data_position)  # continue where the checkpoint was
+                self._restored_data_position = None
             B, eta = self.config.consumer_batch_size, self.config.max_head_offpolicyness
             ahead = (eta + 1) * B if eta is not None else max(B, self.config.max_concurrent_rollouts)
             feeder = self._feeder = _Feeder(stream, wf, should_accept_fn, group_size, ahead, ahead + B)

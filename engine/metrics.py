@@ -135,12 +135,14 @@ async def open_metrics_server(monitor: RunMonitor, port: int, host: str = "127.0
 
 
 @asynccontextmanager
-async def observe_run(engine: Any, *, total: int, out: Path | None, view: str = "off", interval_s: float = 5.0,
+async def observe_run(engine: Any, *, total: int, out: Path | None, append: bool = False, view: str = "off",
+                      interval_s: float = 5.0,
                       metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                       console: Any = None, stream: Any = None) -> AsyncIterator[RunMonitor]:
     """Watch a run in this scope: a :class:`RunMonitor` (yielded; wrap the workflow
     with ``monitor.track`` and feed ``monitor.on_results``), its recorder writing
-    ``metrics.jsonl``/``episodes.jsonl`` into ``out``, the live view (``view``:
+    ``metrics.jsonl``/``episodes.jsonl`` into ``out`` (appended to with ``append``,
+    as a resumed run does), the live view (``view``:
     ``"rich"``, ``"plain"`` or ``"off"``, :func:`engine.live.run_view`) and, with
     ``metrics_port``, the Prometheus endpoint.  Leaving the scope writes the last
     sample and shows the final state."""
@@ -149,7 +151,7 @@ async def observe_run(engine: Any, *, total: int, out: Path | None, view: str = 
     monitor = RunMonitor(engine, total=total)
     async with trio.open_nursery() as nursery:
         if out is not None:
-            await nursery.start(monitor.run_recorder, out)
+            await nursery.start(lambda task_status: monitor.run_recorder(out, append=append, task_status=task_status))
         nursery.start_soon(lambda: run_view(monitor, view, interval_s=interval_s, console=console, stream=stream))
         if metrics_port is None:
             yield monitor

@@ -251,15 +251,17 @@ class RunMonitor:
         return snap
 
     # -- the report's time series --------------------------------------------------------------
-    async def run_recorder(self, out_dir: Any, *, interval_s: float = 1.0,
+    async def run_recorder(self, out_dir: Any, *, interval_s: float = 1.0, append: bool = False,
                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Append a sample to ``out_dir/metrics.jsonl`` every ``interval_s`` seconds and
-        the ended episodes to ``out_dir/episodes.jsonl``, until cancelled (then one
-        last sample and the remaining episodes, shielded)."""
+        """Write a sample to ``out_dir/metrics.jsonl`` every ``interval_s`` seconds and
+        the ended episodes to ``out_dir/episodes.jsonl`` (new files, or appended to
+        with ``append``), until cancelled (then one last sample and the remaining
+        episodes, shielded)."""
         out = trio.Path(out_dir)
         await out.mkdir(parents=True, exist_ok=True)
-        async with await trio.open_file(out / "metrics.jsonl", "w") as metrics, \
-                await trio.open_file(out / "episodes.jsonl", "w") as episodes:
+        mode = "a" if append else "w"
+        async with await trio.open_file(out / "metrics.jsonl", mode) as metrics, \
+                await trio.open_file(out / "episodes.jsonl", mode) as episodes:
             task_status.started()
             try:
                 while True:

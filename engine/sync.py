@@ -164,6 +164,15 @@ class RolloutEngineThread:
         """See :meth:`engine.RolloutEngine.prepare_batch`."""
         return self._run(lambda: self._engine.prepare_batch(dataloader, workflow, **kwargs))
 
+    def reset_data_stream(self) -> None:
+        """See :meth:`engine.RolloutEngine.reset_data_stream`."""
+        self._run_sync(self._engine.reset_data_stream)
+
+    @property
+    def data_stream(self) -> Any:
+        """See :attr:`engine.RolloutEngine.data_stream` (read it, do not drive it from this thread)."""
+        return self._run_sync(lambda: self._engine.data_stream)
+
     def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Blocking ``agenerate`` (for scripts; episodes should run in workflows)."""
         return self._run(self._engine.agenerate, req)
@@ -179,6 +188,16 @@ class RolloutEngineThread:
     def restore(self, version: int) -> None:
         """See :meth:`engine.RolloutEngine.restore`."""
         self._run_sync(self._engine.restore, version)
+
+    def state_dict(self) -> dict[str, Any]:
+        """See :meth:`engine.RolloutEngine.state_dict`."""
+        return self._run_sync(self._engine.state_dict)
+
+    def load_state_dict(self, state: dict[str, Any], workflow: Any = None,
+                        workflow_kwargs: dict[str, Any] | None = None,
+                        should_accept_fn: Callable[..., Any] | None = None) -> list[int]:
+        """See :meth:`engine.RolloutEngine.load_state_dict`."""
+        return self._run_sync(lambda: self._engine.load_state_dict(state, workflow, workflow_kwargs, should_accept_fn))
 
     def pause(self) -> None:
         """See :meth:`engine.RolloutEngine.pause`."""

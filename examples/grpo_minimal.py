@@ -16,7 +16,7 @@ sampling temperature (and after top-k/top-p, which this example leaves off).
 
 Run::
 
-    .venv/bin/python examples/grpo_minimal.py                      # tiny random model, 3 steps
+    .venv/bin/python examples/grpo_minimal.py --reward examples/toy_rewards.py:digit_fraction  # tiny model
     .venv/bin/python examples/grpo_minimal.py --model builtin:smollm2 --steps 4 --max-new-tokens 96
 
 Prints one line per step (rollout wait vs train time) and, with ``--json PATH``,
@@ -73,7 +73,7 @@ def _model_path(spec: str, tmp: Path) -> str:
 async def run(args: argparse.Namespace) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rewards import gsm8k_reward
+    from engine.imports import resolve_reward_fn
 
     with tempfile.TemporaryDirectory() as tmp:
         path = await trio.to_thread.run_sync(_model_path, args.model, Path(tmp))
@@ -83,7 +83,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
         optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
         gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=args.max_new_tokens,
                                             temperature=args.temperature)
-        workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer)
+        workflow = RLVRWorkflow(resolve_reward_fn(args.reward), gconfig, tokenizer)
         dataloader = load_dataset(args.dataset)  # the same list object every step (the data position)
         config = EngineConfig(consumer_batch_size=args.batch_size, max_head_offpolicyness=args.eta,
                               max_concurrent_rollouts=args.batch_size * args.group_size * (args.eta + 1),
@@ -95,7 +95,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
             optimizer.step()
-            return float(loss)
+            return float(loss.detach())
 
         steps = []
         async with open_rollout_engine(HFBackend(path, tokenizer), config) as engine:
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:tiny", help="builtin:tiny (default), builtin:smollm2, or a folder")
     parser.add_argument("--dataset", default="builtin:arith:64")
+    parser.add_argument("--reward", default="rewards.gsm8k:gsm8k_reward",
+                        help="reward import string (e.g. examples/toy_rewards.py:digit_fraction for the tiny model)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=2, help="groups per training batch (B)")
     parser.add_argument("--group-size", type=int, default=4)

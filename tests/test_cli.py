@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from engine.cli import main
+from engine.outputs import load_rollouts, load_trajectories
 from engine.testing import build_tiny_model
 
 def _gsm8k() -> str:
@@ -57,8 +58,9 @@ def max_logprob_error(model_dir, batch):
 
 
 def _read_outputs(out_dir):
-    batch = TensorDict.load(out_dir / "trajectories")
-    rows = [json.loads(line) for line in (out_dir / "rollouts.jsonl").read_text().splitlines()]
+    """The batch and rows in dataset order (they are written in completion order)."""
+    batch = load_trajectories(out_dir)
+    rows = sorted(load_rollouts(out_dir), key=lambda r: (r["task_id"], r["sample"]))
     summary = json.loads((out_dir / "summary.json").read_text())
     return batch, rows, summary
 
@@ -67,10 +69,14 @@ def _read_outputs(out_dir):
 def test_run_on_sim_writes_three_outputs(tmp_path, capsys):
     out = tmp_path / "out"
     code, stdout, err = _run(["run", "--backend", "sim", "--dataset", "builtin:arith", "--limit", "4",
-                              "--n-samples", "3", "--max-new-tokens", "16", "--quiet", "--out", str(out)], capsys)
+                              "--n-samples", "3", "--max-new-tokens", "16", "--quiet", "--out", str(out),
+                              "--shard-episodes", "3"], capsys)
     assert code == 0, err
     assert str(out / "summary.json") in stdout
     batch, rows, summary = _read_outputs(out)
+    shards = sorted((out / "trajectories").iterdir())  # 3 + 1 accepted episodes; TensorDict reads each alone
+    assert [p.name for p in shards] == ["shard-000000", "shard-000001"]
+    assert [TensorDict.load(p).batch_size[0] for p in shards] == [9, 3]
     assert batch.batch_size == torch.Size([12])
     assert len(rows) == 12 and [r["sample"] for r in rows[:3]] == [0, 1, 2]
     assert (summary["submitted"], summary["accepted"], summary["rejected"], summary["failed"]) == (4, 4, 0, 0)

@@ -182,15 +182,15 @@ async def _model_rig(name: str, models) -> AsyncIterator[Rig]:
                   idle=lambda: _until(lambda: hf.statistics().requests_running == 0),
                   new_weights=path_b, from_new_weights=from_new, reference=reference)
         return
-    from engine.serve import SGLangServer, serve_http
+    from engine.serve import SGLangServer, serve_asgi
 
-    app = SGLangServer(hf, model_path=path_a)
+    server = SGLangServer(hf, model_path=path_a)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_http, app.handle, "127.0.0.1", 0)
-        await nursery.start(app.run)
+        port = await nursery.start(serve_asgi, server.app, "127.0.0.1", 0)
+        await nursery.start(server.run)
         client = make_remote_backend("sglang", [f"http://127.0.0.1:{port}"], health_interval_s=60.0)
         yield Rig(client, progressed=progressed, hang=hang,
-                  idle=lambda: _until(lambda: not app._running and hf.statistics().requests_running == 0),
+                  idle=lambda: _until(lambda: not server._running and hf.statistics().requests_running == 0),
                   new_weights=path_b, from_new_weights=from_new, reference=reference)
         nursery.cancel_scope.cancel()
 

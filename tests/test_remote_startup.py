@@ -79,8 +79,8 @@ async def test_a_server_refusing_every_generate_leaves_the_rotation(status, auto
     assert len(fa.generate_calls) == 1 and len(fb.generate_calls) == 10
     await backend.check_health()  # A's health route answers 200: still out
     assert not backend.pool[A].healthy and backend.pool[A].denied
-    stats = {s["url"]: s for s in backend.statistics()["servers"]}
-    assert stats[A]["access_denied"] and f"HTTP {status}" in stats[A]["last_error"]
+    stats = {s.url: s for s in backend.statistics().servers}
+    assert stats[A].access_denied and f"HTTP {status}" in stats[A].last_error
     assert trio.current_time() < 1.0  # no backoff
 
 

@@ -51,17 +51,17 @@ def test_sglang_payload_maps_generation_hyperparameters():
     b = make({A: FakeSGLang()})
     g = G(max_new_tokens=50, min_new_tokens=80, temperature=0.7, top_p=0.9, top_k=20, stop_token_ids=[4, 2],
           stop=["\n\n"], ignore_eos=True, skip_special_tokens=False, frequency_penalty=0.5, seed=7)
-    p = b.build_payload(ModelRequest(rid="x", input_ids=PROMPT, gconfig=g), 40, "x@00000001")
+    p = b.wire.build_payload(ModelRequest(rid="x", input_ids=PROMPT, gconfig=g), 40, "x@00000001")
     assert p == {
         "input_ids": PROMPT, "rid": "x@00000001", "return_logprob": True, "stream": False,
         "sampling_params": {"max_new_tokens": 40, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_new_tokens": 40,
                             "stop_token_ids": [4, 2], "ignore_eos": True, "skip_special_tokens": False,
                             "frequency_penalty": 0.5, "stop": ["\n\n"], "sampling_seed": 7}}
-    greedy = b.build_payload(ModelRequest(input_ids=PROMPT, gconfig=G(greedy=True, temperature=0.3)), 5, "y")
+    greedy = b.wire.build_payload(ModelRequest(input_ids=PROMPT, gconfig=G(greedy=True, temperature=0.3)), 5, "y")
     sp = greedy["sampling_params"]
     assert sp["temperature"] == 0.0 and sp["top_k"] == -1 and sp["top_p"] == 1.0
     assert "stop" not in sp and "sampling_seed" not in sp
-    assert b.build_payload(ModelRequest(input_ids=PROMPT), 5, "z")["sampling_params"]["top_k"] == -1
+    assert b.wire.build_payload(ModelRequest(input_ids=PROMPT), 5, "z")["sampling_params"]["top_k"] == -1
 
 
 def test_sglang_parse_answer():
@@ -69,42 +69,42 @@ def test_sglang_parse_answer():
     body = {"output_ids": [7, 8], "meta_info": {"finish_reason": {"type": "stop", "matched": 8},
                                                 "weight_version": "3",
                                                 "output_token_logprobs": [[-0.5, 7, None], [-1.5, 8, None]]}}
-    parsed = b.parse_generation(body)
+    parsed = b.wire.parse_generation(body)
     assert (parsed.tokens, parsed.logprobs, parsed.stop_reason, parsed.weight_version) == ([7, 8], [-0.5, -1.5], "stop", "3")
     body["meta_info"]["finish_reason"] = {"type": "length", "length": 2}
-    assert b.parse_generation([body]).stop_reason == "length"
+    assert b.wire.parse_generation([body]).stop_reason == "length"
     body["output_ids"] = [7, 9]  # same count, different ids: evidence broken
     with pytest.raises(RemoteCallError, match="disagree"):
-        b.parse_generation(body)
+        b.wire.parse_generation(body)
     body["output_ids"] = [7, 8, 9]  # count mismatch: tokens from output_ids, the engine's check reports it
-    assert b.parse_generation(body).tokens == [7, 8, 9]
+    assert b.wire.parse_generation(body).tokens == [7, 8, 9]
     reject = {"meta_info": {"finish_reason": {"type": "abort", "message": "too long", "status_code": 400}}}
     with pytest.raises(RemoteCallError, match="too long") as info:
-        b.parse_generation(reject)
+        b.wire.parse_generation(reject)
     assert not info.value.retryable
     with pytest.raises(ValueError, match="finish_reason"):
-        b.parse_generation({"meta_info": {"finish_reason": {"type": "weird"}}})
+        b.wire.parse_generation({"meta_info": {"finish_reason": {"type": "weird"}}})
     none_lp = {"meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[None, 5, None]]}}
-    assert math.isnan(b.parse_generation(none_lp).logprobs[0])  # NaN: rejected by validate_response
+    assert math.isnan(b.wire.parse_generation(none_lp).logprobs[0])  # NaN: rejected by validate_response
 
 
 def test_vllm_payload_and_parse():
     b = make({A: FakeVLLM()}, kind="vllm", model="tiny")
     g = G(max_new_tokens=50, temperature=1.2, top_k=100_000_000, stop_token_ids=[4], min_new_tokens=2, seed=3)
-    p = b.build_payload(ModelRequest(input_ids=PROMPT, gconfig=g), 9, "w@1")
+    p = b.wire.build_payload(ModelRequest(input_ids=PROMPT, gconfig=g), 9, "w@1")
     assert p["model"] == "tiny" and p["prompt"] == PROMPT and p["max_tokens"] == 9 and p["top_k"] == -1
     assert p["logprobs"] == 0 and p["return_token_ids"] and p["return_tokens_as_token_ids"]
     assert p["request_id"] == "w@1" and p["seed"] == 3 and p["min_tokens"] == 2 and p["stop_token_ids"] == [4]
-    assert b.abort_call("w@1") == ("POST", "/abort_requests", {"request_ids": ["cmpl-w@1-0"]}, None)
+    assert b.wire.abort_call("w@1") == ("POST", "/abort_requests", {"request_ids": ["cmpl-w@1-0"]}, None)
     choice = {"finish_reason": "repetition", "logprobs": {"token_logprobs": [-1.0, -2.0],
                                                           "tokens": ["token_id:11", "token_id:12"]}}
-    parsed = b.parse_generation({"choices": [choice]})  # ids from "token_id:N" strings
+    parsed = b.wire.parse_generation({"choices": [choice]})  # ids from "token_id:N" strings
     assert parsed.tokens == [11, 12] and parsed.stop_reason == "stop" and parsed.logprobs == [-1.0, -2.0]
     choice["token_ids"] = [11, 13]
     with pytest.raises(RemoteCallError, match="disagree"):
-        b.parse_generation({"choices": [choice]})
+        b.wire.parse_generation({"choices": [choice]})
     with pytest.raises(RemoteCallError, match="error") as info:
-        b.parse_generation({"choices": [{"finish_reason": "error"}]})
+        b.wire.parse_generation({"choices": [{"finish_reason": "error"}]})
     assert info.value.retryable
     assert b.logprob_semantics == "processed" and make({A: FakeSGLang()}).logprob_semantics == "processed"
 

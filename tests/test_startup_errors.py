@@ -4,27 +4,32 @@ themselves, not wrapped in an ``ExceptionGroup``; several at once stay a group."
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 
-from engine import open_rollout_engine
-from engine.backends.base import InferenceBackend
+from engine import MockBackend, open_rollout_engine
 
 
-class _FailsToStart(InferenceBackend):
+async def _never(request, budget):
+    raise AssertionError("no request is sent")
+
+
+class _FailsToStart(MockBackend):
     def __init__(self, exc):
+        super().__init__(_never)
         self.exc = exc
 
-    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED):
+    @asynccontextmanager
+    async def open(self):
+        await trio.lowlevel.checkpoint()
         raise self.exc
+        yield self  # pragma: no cover
 
 
-class _Idle(InferenceBackend):
-    async def run(self, jobs, *, task_status=trio.TASK_STATUS_IGNORED):
-        task_status.started()
-        async with jobs:
-            async for _ in jobs:
-                pass
+def _Idle():
+    return MockBackend(_never)
 
 
 async def test_a_backend_start_up_error_reaches_the_caller_as_itself(reward_pool):

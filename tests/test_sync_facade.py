@@ -99,3 +99,15 @@ def test_a_backend_that_fails_to_start_is_reported_with_its_cause():
     with pytest.raises(RuntimeError, match="failed to start") as info:
         engine.start()
     assert "model file missing" in repr(info.value.__cause__)
+
+
+def test_state_dict_moves_unconsumed_and_pending_episodes_to_another_engine():
+    with _engine(max_concurrent_rollouts=2) as first:
+        first.pause()  # nothing starts: every episode is pending in the state
+        ids = [first.submit({"i": i}, OneGen()) for i in range(4)]
+        state = first.state_dict()
+    assert [p["task_id"] for p in state["pending"]] == ids
+    with _engine() as second:
+        assert second.load_state_dict(state, OneGen()) == ids
+        results = second.wait_results(4)
+    assert sorted(r.task_id for r in results) == ids and {r.status for r in results} == {"accepted"}

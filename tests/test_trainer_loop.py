@@ -250,3 +250,65 @@ async def test_config_rejects_bad_breaker_settings():
         EngineConfig(failure_breaker_rate=1.5)
     with pytest.raises(ValueError, match="failure_breaker_consecutive"):
         EngineConfig(failure_breaker_consecutive=0)
+
+
+# -- the data position in a trainer's checkpoint ---------------------------------------------------
+async def test_state_dict_carries_the_data_position_so_a_restored_trainer_continues(autojump_clock):
+    rows = [{"i": i} for i in range(40)]
+    config = EngineConfig(consumer_batch_size=2, max_head_offpolicyness=0)
+    seen = []
+    async with open_rollout_engine(_sim(), config, reward_pool=InProcessRewardPool()) as engine:
+        for step in range(2):
+            seen += (await engine.prepare_batch(rows, OneGen()))["rewards"].tolist()
+            engine.set_version(step + 1)
+        state = engine.state_dict()
+    assert state["data_position"]["position"] == engine.statistics().data_position["position"] > 4
+    async with open_rollout_engine(_sim(), config, reward_pool=InProcessRewardPool()) as restored:
+        restored.load_state_dict(state, OneGen())  # in-flight episodes are re-submitted
+        for _ in range(6):
+            seen += (await restored.prepare_batch(rows, OneGen()))["rewards"].tolist()
+            restored.set_version(restored.version + 1)
+    assert len(seen) == len(set(seen)) == 16  # no item read twice across the checkpoint
+
+
+async def test_after_a_fix_the_failures_still_in_flight_do_not_trip_the_breaker_again(autojump_clock):
+    """Regression (new-user trial): with many episodes in flight when the breaker opened,
+    the calls after the fix raised again on the old episodes' failures."""
+    loader = [{"i": i} for i in range(1000)]
+    wf = OneGen()
+    wf.broken = True
+    config = EngineConfig(consumer_batch_size=4, max_concurrent_rollouts=128, failure_breaker_consecutive=8)
+    backend = SimBackend(SimConfig(vocab_size=50, out_len_median=25, out_len_sigma=1.0, per_token_s=0.02, seed=1))
+    async with open_rollout_engine(backend, config, reward_pool=InProcessRewardPool()) as engine:
+        with pytest.raises(EpisodeFailuresError):
+            await engine.prepare_batch(loader, wf)
+        assert engine.statistics().running > 8  # many still in flight with the broken workflow
+        fixed = OneGen()
+        batch = await engine.prepare_batch(loader, fixed)  # the first call after the fix works
+        assert batch.batch_size[0] == 4
+
+
+async def test_a_long_wait_without_a_timeout_logs_why(autojump_clock, caplog):
+    rows = [{"i": i} for i in range(100)]
+    config = EngineConfig(consumer_batch_size=2, max_head_offpolicyness=0)
+    caplog.set_level(logging.WARNING, logger="rollout.engine.executor")
+    async with open_rollout_engine(_sim(), config, reward_pool=InProcessRewardPool()) as engine:
+        await engine.prepare_batch(rows, OneGen())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.prepare_batch, rows, OneGen())  # no timeout: set_version forgotten
+            await trio.sleep(130)
+            engine.set_version(1)  # the trainer remembers; the call returns
+    waits = [r.getMessage() for r in caplog.records if "prepare_batch has waited" in r.getMessage()]
+    assert len(waits) == 2 and "staleness bound" in waits[0] and "set_version()" in waits[0]
+
+
+def test_the_facade_switches_data_streams():
+    rows = [{"i": i} for i in range(20)]
+    with RolloutEngineThread(_sim(per_token_s=0.001), EngineConfig(consumer_batch_size=2),
+                             reward_pool=InProcessRewardPool()) as engine:
+        engine.prepare_batch(rows, OneGen())
+        assert engine.data_stream.source is rows
+        with pytest.raises(DatasetError, match="reset_data_stream"):
+            engine.prepare_batch(list(rows), OneGen())
+        engine.reset_data_stream()
+        assert engine.prepare_batch(list(rows), OneGen()).batch_size[0] == 2

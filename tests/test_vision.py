@@ -158,7 +158,7 @@ async def test_hf_backend_generates_from_images_in_one_batch(vlm_dir, processor,
                 nursery.start_soon(one, i, req)
             nursery.start_soon(one, 3, ModelRequest(input_ids=list(text_ids), gconfig=GenerationHyperparameters(
                 greedy=True, ignore_eos=True, max_new_tokens=6)))
-    assert backend.accepts_images and backend.statistics()["batches"] == 1  # images and text in one batch
+    assert backend.accepts_images and backend.statistics().batches == 1  # images and text in one batch
     for i, (req, pixel_values) in enumerate(reqs):
         resp = results[i]
         assert len(resp.output_tokens) == 6 and TINY_IMAGE_TOKEN_ID not in resp.output_tokens
@@ -199,7 +199,7 @@ async def test_hf_backend_refuses_images_it_cannot_serve(tmp_path, vlm_dir, proc
     assert isinstance(results["bad"], InvalidRequestError) and "image_data[0] is not a base64 image" in str(
         results["bad"])
     assert isinstance(results["good"], ModelResponse) and len(results["good"].output_tokens) >= 1
-    assert backend.statistics()["batches"] == 1
+    assert backend.statistics().batches == 1
 
 
 # -- the workflow --------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ async def test_sim_backend_accepts_image_requests(processor, reward_pool, autoju
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         batch = await engine.rollout_batch(load_dataset("builtin:shapes:3"), workflow)
     assert batch.batch_size == (6,) and batch["pixel_values"].shape == (6, 1, 3, 32, 32)
-    assert backend.statistics()["image_requests"] == 6
+    assert backend.statistics().image_requests == 6
 
 
 # -- remote backends ------------------------------------------------------------------------------
@@ -362,7 +362,10 @@ def test_cli_vision_rlvr_on_the_builtin_tiny_vlm(tmp_path, monkeypatch, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["accepted"] == summary["submitted"] == 16 and summary["failed"] == 0
     assert summary["trajectories"] == 32 and summary["model"] == "builtin:tiny-vlm"
-    batch = TensorDict.load(out / "trajectories")
+    from engine.outputs import load_trajectories
+
+    batch = load_trajectories(out)  # every committed shard as one batch
+    assert TensorDict.load(next((out / "trajectories").glob("shard-*")))["pixel_values"].ndim == 5
     assert batch.batch_size == (32,)
     assert batch["pixel_values"].shape == (32, 1, 3, 32, 32) and batch["num_images"].tolist() == [1] * 32
     from transformers import AutoProcessor
@@ -387,26 +390,19 @@ def test_cli_vision_rlvr_needs_an_image_model(tmp_path, capsys):
 
 @pytest.mark.slow
 async def test_rollout_serve_passes_image_data_to_the_model(vlm_dir, processor, vlm, reward_pool):
-    """The SGLang client -> ``rollout serve``'s app (in-process, over httpx's MockTransport) ->
+    """The SGLang client -> ``rollout serve``'s app (in-process, over httpx's ASGITransport) ->
     the hf backend, which reads the images with the folder's own processor."""
     import httpx
 
-    from engine.serve import HTTPRequest, RequestRejected, SGLangServer, json_response
+    from engine.serve import SGLangServer
 
     server = SGLangServer(HFBackend(vlm_dir), model_path=vlm_dir)
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        try:
-            resp = await server.handle(HTTPRequest(request.method, request.url.path, {}, dict(request.headers),
-                                                   request.content))
-        except RequestRejected as exc:  # what serve_http answers
-            resp = json_response({"error": {"message": exc.message}}, exc.status)
-        return httpx.Response(resp.status, content=resp.body, headers={"content-type": resp.content_type})
+    transport = httpx.ASGITransport(app=server.app)
 
     item = load_dataset("builtin:shapes:1")[0]
     g = GenerationHyperparameters(max_new_tokens=6, greedy=True, ignore_eos=True)
     workflow = VisionRLVRWorkflow(zero_reward, g, None, processor)
-    backend = make_remote_backend("sglang", [A], transport=httpx.MockTransport(handler), seed=0)
+    backend = make_remote_backend("sglang", [A], transport=transport, seed=0)
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)

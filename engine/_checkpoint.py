@@ -1,0 +1,142 @@
+"""``RolloutEngine.state_dict`` / ``load_state_dict``: the engine's part of a
+trainer's checkpoint.
+
+State, format 1 (plain containers, tensors and the dataset items, so that
+``torch.save`` / ``torch.load(weights_only=True)`` round-trip it when the items are
+plain dicts, lists, strings and numbers)::
+
+    {
+      "format": 1,
+      "version": int,                      # the policy version
+      "staleness_accepted": int,           # informational: the live counter at save
+      "accounting": {"accepted", "rejected", "failed": int, "rejected_by_reason",
+                     "failed_by_reason": {reason: int}, "generated_tokens",
+                     "segments_resumed", "reward_fallbacks": int},
+      "results": [{"task_id", "status", "trajectory": {"batch_size": [B],
+                   "fields": {key: tensor}} | None, "reason", "error_type",
+                   "error_message", "member_errors", "data", "elapsed_s"}, ...],
+                                           # ended, not consumed: completion order
+      "pending": [{"task_id", "data", "group_size"}, ...],
+                                           # queued and running: task id order
+      "next_task_id": int,
+      "data_position": {"epoch", "position", "items_taken", "exhausted"} | None,
+    }
+
+On load, the staleness counter follows AReaL's restore (``accepted = version *
+B``, :meth:`engine.staleness.StalenessManager.restore`; AReaL issue #1388) plus
+the accepted results put back in the buffer, which the trainer has not consumed
+yet and which AReaL would have lost.  Pending episodes are re-submitted (their
+generation starts over: partial tokens are not kept) with their task ids.
+Results and pending episodes are counted once: lifetime ``submitted`` becomes the
+ended count, plus one per re-submitted episode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FORMAT", "data_position_state", "engine_state", "load_data_position", "load_engine_state"]
+
+FORMAT = 1
+
+
+def _plain_trajectory(traj: Any) -> dict[str, Any] | None:
+    if traj is None:
+        return None
+    return {"batch_size": list(traj.batch_size), "fields": {k: traj.get(k) for k in traj.keys()}}
+
+
+def _trajectory(state: dict[str, Any] | None) -> Any:
+    from tensordict import TensorDict
+
+    if state is None:
+        return None
+    return TensorDict(dict(state["fields"]), batch_size=state["batch_size"])
+
+
+# -- the data position -------------------------------------------------------------------
+def data_position_state(engine: Any) -> Any:
+    """Where ``prepare_batch`` is in its dataloader (:meth:`engine.datastream.DataStream.state_dict`),
+    or ``None`` when it has not been called."""
+    stream = engine.data_stream
+    return None if stream is None else stream.state_dict()
+
+
+def load_data_position(engine: Any, position: Any) -> None:
+    """Keep ``position`` for the next ``prepare_batch``: the :class:`~engine.datastream.DataStream`
+    it creates over its dataloader continues there (the items of episodes that were in flight
+    are re-submitted by :func:`load_engine_state`, so they are not read again).
+
+    Raises:
+        ValueError: ``position`` is neither ``None`` nor a data-stream state.
+    """
+    if position is not None and not (isinstance(position, dict) and {"epoch", "position"} <= position.keys()):
+        raise ValueError(f"load_state_dict: data_position must be a DataStream state, got {position!r}")
+    engine._restored_data_position = position
+
+
+def engine_state(engine: Any) -> dict[str, Any]:
+    """See :meth:`engine.RolloutEngine.state_dict`."""
+    counts = engine._counts
+    pending = sorted([*engine._queue, *engine._running.values()], key=lambda t: t.task_id)
+    return {
+        "format": FORMAT,
+        "version": int(engine.version),
+        "staleness_accepted": int(engine._staleness.accepted),
+        "accounting": {
+            "accepted": counts["accepted"], "rejected": counts["rejected"], "failed": counts["failed"],
+            "rejected_by_reason": {k: v for k, v in engine._rejected_by.items() if v},
+            "failed_by_reason": {k: v for k, v in engine._failed_by.items() if v},
+            "generated_tokens": engine._generated_tokens, "segments_resumed": engine._segments_resumed,
+            "reward_fallbacks": engine._reward_fallbacks,
+        },
+        "results": [{"task_id": r.task_id, "status": r.status, "trajectory": _plain_trajectory(r.trajectory),
+                     "reason": r.reason, "error_type": r.error_type, "error_message": r.error_message,
+                     "member_errors": [list(m) for m in r.member_errors], "data": r.data, "elapsed_s": r.elapsed_s}
+                    for r in engine._buffer.results()],
+        "pending": [{"task_id": t.task_id, "data": t.data, "group_size": t.group_size} for t in pending],
+        "next_task_id": engine._next_id,
+        "data_position": data_position_state(engine),
+    }
+
+
+def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflow_kwargs: dict[str, Any] | None,
+                      should_accept_fn: Any) -> list[int]:
+    """See :meth:`engine.RolloutEngine.load_state_dict`."""
+    from .buffer import ResultBuffer
+    from .executor import EpisodeResult
+
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"load_state_dict: unknown state format {found!r} (expected {FORMAT})")
+    if engine._counts["submitted"]:
+        raise ValueError(f"load_state_dict needs a fresh engine; this one has submitted {engine._counts['submitted']} "
+                         "episodes")
+    pending = state["pending"]
+    if pending and workflow is None:
+        raise ValueError(f"load_state_dict: the state holds {len(pending)} queued or running episodes; pass the "
+                         "workflow to re-submit them")
+    results = [EpisodeResult(r["task_id"], r["status"], trajectory=_trajectory(r["trajectory"]), reason=r["reason"],
+                             error_type=r["error_type"], error_message=r["error_message"],
+                             member_errors=tuple(tuple(m) for m in r["member_errors"]), data=r["data"],
+                             elapsed_s=r["elapsed_s"]) for r in state["results"]]
+    wf = engine._resolve(workflow, workflow_kwargs) if pending else None
+    load_data_position(engine, state.get("data_position"))
+    acc = state["accounting"]
+    for status in ("accepted", "rejected", "failed"):
+        engine._counts[status] = int(acc[status])
+    engine._counts["submitted"] = sum(int(acc[s]) for s in ("accepted", "rejected", "failed"))
+    engine._rejected_by.update(acc["rejected_by_reason"])
+    engine._failed_by.update(acc["failed_by_reason"])
+    engine._generated_tokens = int(acc["generated_tokens"])
+    engine._segments_resumed = int(acc["segments_resumed"])
+    engine._reward_fallbacks = int(acc["reward_fallbacks"])
+    for result in results:
+        engine._live_ids.add(result.task_id)
+        engine._buffer._put_now(result, ResultBuffer._rows(result))
+    engine._next_id = max(engine._next_id, int(state["next_task_id"]))
+    version = int(state["version"])
+    engine.restore(version)  # sets the version and re-checks the staleness of the restored results
+    engine._staleness.accepted = version * engine.config.consumer_batch_size + engine._buffer.accepted_results
+    return [engine.submit(p["data"], wf, should_accept_fn=should_accept_fn, group_size=int(p["group_size"]),
+                          task_id=int(p["task_id"])) for p in pending]

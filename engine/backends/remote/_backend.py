@@ -1,0 +1,414 @@
+"""The request machine of a remote backend: one segment in, one answer out, over a pool.
+
+:class:`RemoteBackend` composes the pool's parts (routing ``_routing``, health ``_health``,
+control plane ``_control``, HTTP ``_http``) with a :class:`~._wire.WireProtocol`, and owns
+what happens to one segment: wait for the pause gate, pick a server, send once under a
+unique wire id, classify the failure, retry or fail over or fail, abort the server's work
+when cancelled, tag the tokens with the version read before sending.  It also implements
+:class:`~engine.backends.base.WeightSync` over the control plane.  The whole story is in the
+package docstring (:mod:`engine.backends.remote`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import trio
+
+from ...errors import BackendError
+from ...types import ModelRequest, ModelResponse
+from ..base import PerRequestBackend, check_sync_mode
+from ._config import RemoteTimeouts, RetryPolicy
+from ._control import PoolControl, checkpoint_folder
+from ._errors import RemoteCallError, decode_json, describe, excerpt, history, map_exceptions
+from ._health import HealthMonitor
+from ._http import ServerClient
+from ._routing import Server, ServerPool, normalize_url
+from ._stats import COUNTERS, RemoteStatistics
+from ._wire import ParsedGeneration, WireCall, WireProtocol
+
+__all__ = ["RemoteBackend"]
+
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
+
+
+class RemoteBackend(PerRequestBackend):
+    """A pool of inference servers behind one backend, speaking ``wire`` (see
+    :mod:`engine.backends.remote`).
+
+    Args:
+        servers: base URLs (``http://host:port``); an sglang-router URL counts as one server.
+        wire: the servers' :class:`~._wire.WireProtocol`.
+        timeouts: :class:`RemoteTimeouts` (defaults if omitted).
+        retry: :class:`RetryPolicy` (defaults if omitted).
+        max_concurrency: segments in flight at once (``None`` = bounded by the engine).
+        transport: an ``httpx.AsyncBaseTransport`` (tests pass ``httpx.MockTransport``).
+        headers: sent with every call (e.g. an ``Authorization`` header).
+        seed: seeds the backoff jitter.
+        sticky_cache_size: routing keys remembered for stickiness (LRU).
+
+    Raises:
+        InvalidRequestError: no server, a URL that is not ``http(s)://``, a duplicate.
+    """
+
+    kind = "remote"
+
+    def __init__(
+        self,
+        servers: Sequence[str] | str,
+        *,
+        wire: WireProtocol,
+        timeouts: RemoteTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+        seed: int | None = None,
+        sticky_cache_size: int = 100_000,
+    ) -> None:
+        super().__init__(max_concurrency=max_concurrency)
+        if isinstance(servers, str):
+            servers = [servers]
+        self.wire = wire
+        self.timeouts = timeouts or RemoteTimeouts()
+        self.retry = retry or RetryPolicy()
+        self.pool = ServerPool(list(servers), eject_after_failures=self.retry.eject_after_failures,
+                               sticky_cache_size=sticky_cache_size)
+        self.http = ServerClient(self.timeouts, transport=transport, headers=headers)
+        self._stats: Counter[str] = Counter()
+        self.control = PoolControl(self.pool, self.http, wire, kind=self.kind, stats=self._stats)
+        self.health = HealthMonitor(self.pool, self.http, self.timeouts, kind=self.kind,
+                                    health_path=wire.health_path, replay=self.control.replay, stats=self._stats)
+        self._ready = False  # wait_ready has run (it runs once)
+        self._rng = random.Random(seed)
+        self._wire_seq = itertools.count()
+
+    # -- HTTP ---------------------------------------------------------------------
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The shared ``httpx.AsyncClient`` (created on first use, closed by :meth:`aclose`)."""
+        return self.http.client
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def call(self, url: str, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                   timeout_s: float | None = None, allow_empty: bool = True, decode: bool = True) -> Any:
+        """One control call to one server (:meth:`ServerClient.call <._http.ServerClient.call>`):
+        the decoded JSON answer.  Raises :class:`RemoteCallError`."""
+        return await self.http.call(url, method, path, json=json, params=params, timeout_s=timeout_s,
+                                    allow_empty=allow_empty, decode=decode)
+
+    async def broadcast(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                        servers: Sequence[str] | None = None) -> tuple[dict[str, Any], dict[str, RemoteCallError]]:
+        """The same control call to several servers (default: the healthy ones), concurrently.
+
+        Returns ``(answers, errors)``, both keyed by URL.
+        """
+        urls = [s.url for s in self.pool.healthy] if servers is None else list(servers)
+        return await self.http.broadcast(urls, method, path, json=json, params=params)
+
+    # -- lifetime -----------------------------------------------------------------
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[RemoteBackend]:
+        """Wait for a healthy server (``startup_timeout_s``), then serve with health
+        probes running in the background.
+
+        Raises:
+            BackendError: no server answered its health route in time.
+        """
+        await self.wait_ready()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.health.run)
+            yield self
+            nursery.cancel_scope.cancel()
+
+    async def wait_ready(self) -> None:
+        """Wait until a server answers its health route, then run :meth:`after_startup`
+        (:meth:`HealthMonitor.wait_ready <._health.HealthMonitor.wait_ready>`).
+
+        :meth:`open` calls it; a caller may call it first (e.g. to ask the servers which
+        model they serve, :meth:`served_models`); it then runs once only.
+
+        Raises:
+            BackendError: every server refuses access (HTTP 401/403: at once), or no
+                server answered within ``startup_timeout_s``.
+        """
+        if self._ready:
+            return
+        await self.health.wait_ready(self.after_startup)
+        self._ready = True
+
+    async def after_startup(self) -> None:
+        """Hook run once a server is healthy, before segments are served."""
+
+    async def check_health(self, *, eject_now: bool = False) -> dict[str, bool]:
+        """Probe every server once; returns ``{url: healthy}`` after the round."""
+        return await self.health.check(eject_now=eject_now)
+
+    async def served_models(self) -> dict[str, str | None]:
+        """Ask every healthy server which model it serves: ``{url: name or path}``
+        (``None`` where a server does not say).  SGLang: ``GET /get_model_info``
+        (``tokenizer_path``, else ``model_path``); vLLM: ``GET /v1/models``
+        (``data[0].root``, else ``data[0].id``)."""
+        answers: dict[str, str | None] = {}
+
+        async def one(server: Server) -> None:
+            method, path = self.wire.model_info_call()
+            try:
+                answer = await self.call(server.url, method, path, timeout_s=self.timeouts.health_timeout_s)
+                name = self.wire.parse_model_name(answer)
+            except (RemoteCallError, TypeError, KeyError, IndexError, ValueError, AttributeError):
+                name = None
+            answers[server.url] = str(name) if name else None
+
+        async with trio.open_nursery() as nursery:
+            for server in self.pool.healthy:
+                nursery.start_soon(one, server)
+        return {s.url: answers[s.url] for s in self.pool.servers if s.url in answers}
+
+    # -- generation ---------------------------------------------------------------
+    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        """Serve one segment with routing, retries, failover and a deadline.
+
+        Raises:
+            RemoteCallError: a non-retryable failure, or ``max_attempts`` transient ones.
+            BackendError: no answer within ``request_timeout_s``.
+        """
+        key = str(request.metadata.get("routing_key", request.rid))
+        cost = len(request.input_ids) + budget
+        start = trio.current_time()
+        failed: list[str] = []
+        failures: list[str] = []
+        attempts = 0
+        with trio.move_on_after(self.timeouts.request_timeout_s):
+            while True:
+                await self.control.wait_unpaused()
+                server = await self._choose(key, failed)
+                attempts += 1
+                self._stats["attempts"] += 1
+                epoch = self.control.epoch
+                version = self.version  # read before the segment is sent (AReaL PR #1569)
+                self.pool.bind(key, server)
+                sent = trio.current_time()
+                try:
+                    await self.prepare(server)
+                    parsed = await self._attempt(server, request, budget, cost)
+                except RemoteCallError as exc:
+                    failures.append(f"attempt {attempts} on {server.url}: {exc}")
+                    if exc.access_denied:  # the server refuses us, whatever the request: out of rotation
+                        self.pool.deny(server, str(exc))
+                        if not self.pool.all_denied and attempts < self.retry.max_attempts:
+                            self._stats["retries"] += 1
+                            self._stats["failovers"] += 1
+                            failed.append(server.url)
+                            continue
+                        self._stats["requests_failed"] += 1
+                        raise RemoteCallError(f"request {request.rid}: {history(failures)}", url=server.url,
+                                              access_denied=True) from exc
+                    if exc.server_fault:
+                        self.pool.record_failure(server, str(exc), eject_now=exc.server_down)
+                    if not exc.retryable or attempts >= self.retry.max_attempts:
+                        self._stats["requests_failed"] += 1
+                        raise RemoteCallError(f"request {request.rid}: {history(failures)}", url=server.url,
+                                              retryable=exc.retryable, server_down=exc.server_down,
+                                              server_fault=exc.server_fault) from exc
+                    self._stats["retries"] += 1
+                    failed.append(server.url)
+                    if self.pool.has_fresh(failed):
+                        self._stats["failovers"] += 1
+                    else:
+                        await trio.sleep(self.retry.backoff_s(len(failed), self._rng))
+                    continue
+                self.pool.record_success(server)
+                self._note_weight_version(server, parsed.weight_version, version)
+                if parsed.stop_reason == "abort" and not parsed.tokens:
+                    # Aborted before any token: never hand an empty abort to the engine loop.
+                    self._stats["empty_aborts"] += 1
+                    if self.control.epoch != epoch or self.control.paused:
+                        attempts -= 1  # our own pause: not a failure, wait for continue
+                        continue
+                    failures.append(f"attempt {attempts} on {server.url}: aborted before any token")
+                    if attempts >= self.retry.max_attempts:
+                        self._stats["requests_failed"] += 1
+                        raise RemoteCallError(f"request {request.rid}: {history(failures)}", url=server.url)
+                    await trio.sleep(self.retry.backoff_s(attempts, self._rng))
+                    continue
+                latency = trio.current_time() - start
+                return ModelResponse(
+                    input_tokens=list(request.input_ids),
+                    output_tokens=parsed.tokens,
+                    output_logprobs=parsed.logprobs,
+                    output_versions=[version] * len(parsed.tokens),
+                    stop_reason=parsed.stop_reason,  # type: ignore[arg-type]
+                    latency=latency,
+                    ttft=trio.current_time() - sent,  # non-streaming: an upper bound
+                )
+        self._stats["deadline_exceeded"] += 1
+        raise BackendError(f"request {request.rid}: no answer within request_timeout_s="
+                           f"{self.timeouts.request_timeout_s} s after {attempts} attempt(s)"
+                           + (f" ({history(failures)})" if failures else ""))
+
+    async def _choose(self, key: str, failed: Sequence[str]) -> Server:
+        while True:
+            server = self.pool.choose(key, failed)
+            if server is not None:
+                return server
+            if self.pool.all_denied:  # nothing will ever be re-admitted: fail now, not at the deadline
+                self._stats["requests_failed"] += 1
+                raise RemoteCallError(f"{self.kind}: every server refused access: "
+                                      + "; ".join(f"{s.denied}" for s in self.pool.servers), access_denied=True)
+            self._stats["waits_for_server"] += 1
+            await self.pool.wait_readmission()
+
+    async def prepare(self, server: Server) -> None:
+        """Hook run before an attempt (e.g. discover the served model name)."""
+
+    async def _attempt(self, server: Server, request: ModelRequest, budget: int, cost: int) -> ParsedGeneration:
+        wire_id = f"{request.rid}@{next(self._wire_seq):08d}"
+        payload = self.wire.build_payload(request, budget, wire_id)
+        path = self.wire.generate_path
+        timeout = self.timeouts.attempt_timeout_s
+        self.pool.begin(server, cost)
+        eject_scope = trio.CancelScope()
+        server.attempt_scopes.add(eject_scope)
+        try:
+            with eject_scope:
+                with trio.move_on_after(math.inf if timeout is None else timeout):
+                    try:
+                        with map_exceptions(server.url):
+                            response = await self.client.post(server.url + path, json=payload)
+                    except trio.Cancelled:
+                        if not eject_scope.cancel_called:  # cancelled, deadline, attempt timeout: server may be busy
+                            await self._abort_shielded(server, wire_id)
+                        raise
+                    body = decode_json(response, server.url, path)
+                    try:
+                        return self.wire.parse_generation(body)
+                    except RemoteCallError as exc:
+                        exc.url = exc.url or server.url
+                        raise
+                    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+                        raise RemoteCallError(f"{server.url}{path}: unexpected answer ({describe(exc)}): "
+                                              f"{excerpt(str(body))}", url=server.url) from exc
+            if eject_scope.cancelled_caught:
+                raise RemoteCallError(f"{server.url} was ejected while the request was in flight", url=server.url,
+                                      retryable=True, server_fault=False)
+            self._stats["attempt_timeouts"] += 1
+            raise RemoteCallError(f"{server.url}: no answer within attempt_timeout_s={timeout} s", url=server.url,
+                                  retryable=True)
+        finally:
+            server.attempt_scopes.discard(eject_scope)
+            self.pool.end(server, cost)
+
+    async def _abort_shielded(self, server: Server, wire_id: str) -> None:
+        """Tell ``server`` to stop working on ``wire_id``; runs even while being cancelled."""
+        method, path, body, params = self.wire.abort_call(wire_id)
+        with trio.CancelScope(shield=True):
+            self._stats["aborts_sent"] += 1
+            try:
+                await self.call(server.url, method, path, json=body, params=params,
+                                timeout_s=self.timeouts.abort_timeout_s)
+            except RemoteCallError as exc:
+                # a router or a server without the route: the dropped connection aborts it anyway
+                self._stats["aborts_failed"] += 1
+                logger.debug("abort of %s on %s failed: %s", wire_id, server.url, exc)
+
+    def _note_weight_version(self, server: Server, weight_version: str | None, version: int) -> None:
+        if weight_version is None:
+            return
+        server.weight_version = weight_version
+        try:
+            numeric = int(weight_version)
+        except ValueError:
+            return
+        if numeric != version:
+            self._stats["weight_version_mismatches"] += 1
+            logger.debug("server %s reports weight_version %s, tokens tagged %d", server.url, weight_version, version)
+
+    # -- control and weight sync (engine.backends.base.WeightSync) ---------------------
+    async def pause_generation(self, mode: str = "abort", *, servers: Sequence[str] | None = None) -> dict[str, Any]:
+        """Stop sending segments (client side) and pause every healthy server.
+
+        With ``mode="abort"`` the servers return in-flight requests at once (``abort`` with
+        their partial tokens); those are re-sent after :meth:`continue_generation`.
+        ``servers`` overrides the targets (e.g. the workers behind a router, which does not
+        forward control calls: ``servers=await backend.router_workers()``).
+
+        Returns ``{url: answer}``.
+
+        Raises:
+            InvalidRequestError: ``mode`` is not one of the wire protocol's ``pause_modes``.
+            BackendError: a server failed (the client side stays paused).
+        """
+        return await self.control.pause_generation(mode, servers=servers)
+
+    async def continue_generation(self, *, servers: Sequence[str] | None = None) -> dict[str, Any]:
+        """Resume every healthy server (or ``servers``), then let segments flow again (even if
+        a server failed)."""
+        return await self.control.continue_generation(servers=servers)
+
+    @property
+    def paused(self) -> bool:
+        """The client-side pause is on."""
+        return self.control.paused
+
+    async def pause(self, mode: str = "abort") -> None:
+        """:meth:`pause_generation` with the engine's mode names (``"abort"``, and
+        ``"in_place"`` as this server calls it: the wire protocol's ``sync_pause_modes``).
+
+        Raises:
+            InvalidRequestError: unknown mode.
+            BackendError: a server failed to pause (the client side stays paused).
+        """
+        check_sync_mode(f"{self.kind} backend pause", mode)
+        await self.pause_generation(self.wire.sync_pause_modes[mode])
+
+    async def resume(self) -> None:
+        """:meth:`continue_generation` on every healthy server, then the client."""
+        await self.continue_generation()
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """Load the checkpoint folder ``source`` on every server (the wire protocol's
+        ``weight_update_calls``; see :mod:`engine.backends.remote._control` for servers that
+        miss it); the servers are told ``version`` as their weight version.  Call it between
+        :meth:`pause` and :meth:`resume` (``engine.update_weights`` does).  Only mode
+        ``"abort"``: after an in-place swap a server does not report at which token the
+        weights changed, so tokens could not carry the right version.
+
+        Raises:
+            InvalidRequestError: unknown mode.
+            BackendError: ``mode="in_place"``; ``source`` is not a folder path; or no
+                server succeeded (the error names each server's failure).
+        """
+        folder = checkpoint_folder(self.kind, source, mode)
+        await self.apply_weight_update(self.wire.weight_update_calls(folder, version), what=folder)
+
+    async def apply_weight_update(self, calls: list[WireCall], *, what: str,
+                                  servers: Sequence[str] | None = None) -> dict[str, Any]:
+        """Send ``calls`` in order to every healthy server (or ``servers``):
+        :meth:`PoolControl.apply_weight_update <._control.PoolControl.apply_weight_update>`."""
+        return await self.control.apply_weight_update(calls, what=what, servers=servers)
+
+    async def router_workers(self, url: str | None = None) -> list[str]:
+        """The worker URLs behind an sglang-router / SGLang Model Gateway (``GET /workers``)
+        at ``url`` (default: the first server), for control calls the router does not forward."""
+        url = normalize_url(url) if url else self.pool.servers[0].url
+        answer = await self.call(url, "GET", "/workers")
+        try:
+            return [normalize_url(w["url"]) for w in answer["workers"]]
+        except (TypeError, KeyError):
+            raise BackendError(f"{url}/workers: not a router's worker list: {excerpt(str(answer))}") from None
+
+    # -- statistics -----------------------------------------------------------------
+    def statistics(self) -> RemoteStatistics:
+        return RemoteStatistics(**self._base_stats(), **{name: self._stats[name] for name in COUNTERS},
+                                paused=self.control.paused, servers=tuple(self.pool.statistics()))

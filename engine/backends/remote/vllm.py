@@ -1,0 +1,252 @@
+"""``vllm``: vLLM's OpenAI-compatible ``POST /v1/completions`` with token ids in and out.
+
+Wire facts (``SERVERS_AND_MODELS.md`` §2 and §6, verified on vLLM 0.32 CPU); the sampling
+values are those of :func:`engine.backends.sglang_wire.sampling_params`, under vLLM's names::
+
+    {"model": m, "prompt": [token ids], "max_tokens": budget, "temperature": 0 if greedy else t,
+     "top_p", "top_k": -1 when disabled, "min_tokens", "stop_token_ids", "stop" (if any),
+     "ignore_eos", "skip_special_tokens", "frequency_penalty", "seed" (if set),
+     "logprobs": 0, "return_token_ids": true, "return_tokens_as_token_ids": true,
+     "request_id": "<rid>@<seq>", "stream": false}
+
+Answer: ``choices[0].token_ids`` (the stop/EOS token included), logprobs from
+``choices[0].logprobs.token_logprobs`` (``"token_id:N"`` strings in ``logprobs.tokens`` are
+the fallback for ids and must agree), ``finish_reason`` ``stop``/``length``/``abort``
+(``repetition`` -> ``stop``; ``error`` is a retryable server fault).
+
+Logprob semantics: ``"processed"``, like every backend here: the log-softmax after
+temperature, top-k and top-p (penalties and logit processors included), which vLLM returns
+only when the server runs with ``--logprobs-mode processed_logprobs`` (its default,
+``raw_logprobs``, is before all of them; SERVERS_AND_MODELS.md §6).  At start-up the backend
+reads each healthy server's mode from ``GET /server_info?config_format=json``
+(``vllm_config.model_config.logprobs_mode``; dev mode) and refuses to start with a server
+that runs another mode, or that does not say (``check_logprobs_mode=False`` trusts the
+servers instead).  Mixing raw and processed logprobs would silently change the numbers a PPO
+ratio is built from.
+
+Abort: ``POST /abort_requests {"request_ids": ["cmpl-<request_id>-0"]}`` (the engine's
+per-choice id; needs ``VLLM_SERVER_DEV_MODE=1``, else 404 and the dropped connection aborts).
+A client disconnect aborts too.  Pause: ``POST /pause?mode=abort|wait|keep``, continue:
+``POST /resume`` (dev mode).  Requests sent to a paused vLLM block, which is why the
+backend keeps its own client-side pause.
+
+Images: refused.  ``/v1/completions`` takes a token-id prompt and no image inputs; vLLM
+accepts images only through ``/v1/chat/completions``, which renders the prompt again from
+messages (AReaL's ``vision_msg_vllm`` path), so the ids trained on would not be the ids
+sampled from.  A request with ``image_data`` raises :class:`InvalidRequestError` before
+anything is sent; use the ``sglang`` or ``hf`` backend for vision workflows.
+
+Weights (:class:`~engine.backends.base.WeightSync`, through ``engine.update_weights``; dev
+mode, vLLM 0.32): ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+{"weights_path": folder, "is_checkpoint_format": true}}`` (every worker reloads the folder
+in place), then ``POST /update_weight_version {"new_version": "<v>"}``, on every server of
+the pool, between ``/pause?mode=abort`` and ``/resume``.  A server without dev mode answers
+404, reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ...errors import BackendError, InvalidRequestError
+from ...types import ModelRequest, ModelResponse
+from ..sglang_wire import sampling_params
+from ._backend import RemoteBackend
+from ._errors import RemoteCallError
+from ._routing import Server
+from ._wire import ParsedGeneration, WireCall, WireProtocol
+
+__all__ = ["PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "vllm_abort_id"]
+
+#: the server's ``--logprobs-mode`` that gives this package's logprob semantics
+PROCESSED_LOGPROBS_MODE = "processed_logprobs"
+
+#: the sampling fields vLLM names differently from SGLang (:func:`sampling_params`)
+_VLLM_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop", "tool_calls": "tool_calls"}
+
+
+def vllm_abort_id(request_id: str) -> str:
+    """The engine id to abort for a ``/v1/completions`` call sent with ``request_id``."""
+    return f"cmpl-{request_id}-0"
+
+
+def _token_id(text: str) -> int:
+    prefix = "token_id:"
+    if not isinstance(text, str) or not text.startswith(prefix):
+        raise ValueError(f"token {text!r} is not 'token_id:N' (return_tokens_as_token_ids not honoured?)")
+    return int(text[len(prefix):])
+
+
+class VLLMWire(WireProtocol):
+    """vLLM's OpenAI-compatible API (and its dev-mode routes) as a
+    :class:`~engine.backends.remote.WireProtocol`.
+
+    Attributes:
+        model: the served model name sent in every request (``None`` until known).
+    """
+
+    generate_path = "/v1/completions"
+    health_path = "/health"
+    pause_modes = ("abort", "wait", "keep")
+    sync_pause_modes = {"abort": "abort", "in_place": "keep"}
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model = model
+
+    def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
+        params = sampling_params(request.gconfig, budget)  # SGLang's names; vLLM's below
+        payload: dict[str, Any] = {"model": self.model, "prompt": list(request.input_ids)}
+        payload.update((_VLLM_NAMES.get(k, k), v) for k, v in params.items())
+        payload.update({"logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                        "request_id": wire_id, "stream": False})
+        return payload
+
+    def parse_generation(self, body: Any) -> ParsedGeneration:
+        choices = body["choices"]
+        if not isinstance(choices, list) or len(choices) != 1:
+            raise ValueError(f"expected one choice, got {choices!r}")
+        choice = choices[0]
+        finish = choice.get("finish_reason")
+        if finish == "error":
+            raise RemoteCallError("the server reported finish_reason 'error'", retryable=True)
+        if finish not in _FINISH:
+            raise ValueError(f"unknown finish_reason {finish!r}")
+        lp = choice.get("logprobs") or {}
+        token_logprobs = lp.get("token_logprobs")
+        named = lp.get("tokens")
+        ids = choice.get("token_ids")
+        if ids is None:
+            if named is None:
+                raise ValueError("neither choices[0].token_ids nor logprobs.tokens (return_token_ids not honoured?)")
+            ids = [_token_id(t) for t in named]
+        elif named is not None and len(named) == len(ids) and [_token_id(t) for t in named] != ids:
+            raise RemoteCallError("choices[0].token_ids disagree with logprobs.tokens")
+        if token_logprobs is None:
+            if ids:
+                raise ValueError("choices[0].logprobs.token_logprobs is missing (logprobs not honoured?)")
+            token_logprobs = []
+        logprobs = [float("nan") if x is None else x for x in token_logprobs]
+        return ParsedGeneration(list(ids), logprobs, _FINISH[finish], None)
+
+    def abort_call(self, wire_id: str) -> WireCall:
+        return "POST", "/abort_requests", {"request_ids": [vllm_abort_id(wire_id)]}, None
+
+    def pause_call(self, mode: str) -> WireCall:
+        return "POST", "/pause", None, {"mode": mode}
+
+    def continue_call(self) -> WireCall:
+        return "POST", "/resume", None, None
+
+    def weight_update_calls(self, folder: str, version: int) -> list[WireCall]:
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": folder, "is_checkpoint_format": True}}
+        return [("POST", "/collective_rpc", rpc, None),
+                ("POST", "/update_weight_version", {"new_version": str(version)}, None)]
+
+    def model_info_call(self) -> tuple[str, str]:
+        return "GET", "/v1/models"
+
+    def parse_model_name(self, answer: Any) -> str | None:
+        first = answer["data"][0]
+        return first.get("root") or first.get("id")
+
+
+class VLLMBackend(RemoteBackend):
+    """Several vLLM servers behind one backend.
+
+    Args:
+        model: the served model name; ``None`` = the first id of ``GET /v1/models``.
+        check_logprobs_mode: at start-up, require every healthy server to report
+            ``--logprobs-mode processed_logprobs`` (see the module docstring).
+        Others: see :class:`~engine.backends.remote.RemoteBackend` (the wire protocol is
+            :class:`VLLMWire`).
+    """
+
+    kind = "vllm"
+    wire: VLLMWire
+
+    def __init__(self, servers: Sequence[str] | str, *, model: str | None = None, check_logprobs_mode: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(servers, wire=VLLMWire(model), **kwargs)
+        self.check_logprobs_mode = check_logprobs_mode
+
+    @property
+    def model(self) -> str | None:
+        """The served model name sent in every request (``None`` until discovered)."""
+        return self.wire.model
+
+    @model.setter
+    def model(self, name: str | None) -> None:
+        self.wire.model = name
+
+    async def after_startup(self) -> None:
+        if self.model is None:
+            await self.prepare(self.pool.healthy[0])
+        if self.check_logprobs_mode:
+            for server in self.pool.healthy:
+                await self._check_logprobs_mode(server.url)
+
+    async def _check_logprobs_mode(self, url: str) -> None:
+        """Raise :class:`BackendError` unless ``url`` reports ``processed_logprobs``."""
+        fix = (f"start it with --logprobs-mode {PROCESSED_LOGPROBS_MODE} and VLLM_SERVER_DEV_MODE=1, or pass "
+               "check_logprobs_mode=False if every server already runs that mode")
+        try:
+            info = await self.call(url, "GET", "/server_info", params={"config_format": "json"},
+                                   timeout_s=self.timeouts.health_timeout_s)
+            mode = info["vllm_config"]["model_config"]["logprobs_mode"]
+        except (RemoteCallError, TypeError, KeyError) as exc:
+            raise BackendError(f"vllm backend: cannot read the logprobs mode of {url} from /server_info ({exc}); "
+                               f"this package reports processed logprobs: {fix}") from None
+        if mode != PROCESSED_LOGPROBS_MODE:
+            raise BackendError(f"vllm backend: {url} runs --logprobs-mode {mode}, but this package reports "
+                               f"processed logprobs (after temperature, top-k, top-p): {fix}")
+
+    async def pause(self, mode: str = "abort") -> None:
+        with _dev_mode_hint():
+            await super().pause(mode)
+
+    async def resume(self) -> None:
+        with _dev_mode_hint():
+            await super().resume()
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        with _dev_mode_hint():
+            await super().update_weights(source, version=version, mode=mode)
+
+
+    async def prepare(self, server: Server) -> None:
+        if self.model is not None:
+            return
+        answer = await self.call(server.url, "GET", "/v1/models", timeout_s=self.timeouts.health_timeout_s)
+        try:
+            self.model = str(answer["data"][0]["id"])
+        except (TypeError, KeyError, IndexError):
+            raise BackendError(f"{server.url}/v1/models: no model id in {answer!r}") from None
+
+    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        """See :meth:`RemoteBackend.generate`.
+
+        Raises:
+            InvalidRequestError: the request carries ``image_data`` (see the module docstring).
+        """
+        if request.image_data is not None:
+            raise InvalidRequestError(
+                f"request {request.rid}: image_data is not supported by the vllm backend: /v1/completions takes "
+                "token ids and no images (vLLM takes images only on /v1/chat/completions, which re-renders the "
+                "prompt, so it would not be token-exact); use the sglang or hf backend for image requests")
+        return await super().generate(request, budget)
+
+
+@contextmanager
+def _dev_mode_hint() -> Iterator[None]:
+    """A 404 from a control route means the server runs without dev mode: say so."""
+    try:
+        yield
+    except BackendError as exc:
+        if "HTTP 404" in str(exc):
+            raise BackendError(f"{exc} (vLLM serves /pause, /resume, /collective_rpc and /update_weight_version "
+                               "only with VLLM_SERVER_DEV_MODE=1)") from exc
+        raise

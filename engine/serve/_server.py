@@ -1,0 +1,132 @@
+"""``rollout serve`` as a process: load the model, listen, serve, stop on SIGTERM/SIGINT.
+
+:func:`serve` binds the port first (a busy port is one ``OSError`` naming it, which
+:func:`run_serve` prints as one line), prints ``rollout serve: listening on URL`` while the
+model loads (``/health`` answers 503), then ``rollout serve: ready on URL``.
+:func:`add_serve_parser` and :func:`run_serve` are the ``rollout serve`` sub-command;
+:func:`main` is ``python -m engine.serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..errors import RolloutError, unwrap_single
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["ServeConfig", "add_serve_parser", "main", "run_serve", "serve"]
+
+logger = logging.getLogger("rollout.engine.serve")  # the package's one logging namespace
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """Settings of one ``rollout serve`` process."""
+
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    device: str | None = None
+    dtype: str = "auto"
+    max_batch_size: int = 64
+    batch_window_s: float = 0.005
+    served_model_name: str | None = None
+    torch_threads: int | None = None
+    seed: int = 0
+
+
+async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run one server until cancelled (or SIGTERM/SIGINT); ``task_status.started(url)`` once ready."""
+    import torch
+
+    from ..backends.hf import HFBackend
+    from ..models import resolve_model
+    from ._app import SGLangServer
+    from ._http import open_listeners, serve_asgi
+
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    torch.manual_seed(config.seed)
+    path = await trio.to_thread.run_sync(resolve_model, config.model)
+    backend = HFBackend(path, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
+                        batch_window_s=config.batch_window_s)
+    server = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path))
+    sockets = await open_listeners(config.host, config.port)  # a busy port: OSError here, not in a group
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    logger.warning("rollout serve: got signal %s, stopping", signum)
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            port = await nursery.start(functools.partial(serve_asgi, server.app, sockets=sockets))
+            url = f"http://{config.host}:{port}"
+            print(f"rollout serve: listening on {url} (loading {path})", flush=True)
+            await nursery.start(server.run)
+            print(f"rollout serve: ready on {url}", flush=True)
+            task_status.started(url)
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` sub-command to ``subparsers`` (``rollout serve``)."""
+    p = subparsers.add_parser("serve", help="serve a local model behind SGLang's native HTTP API",
+                              description="Serve a local model (the hf backend) behind SGLang's /generate API.")
+    p.add_argument("--model", default=None, help="HF model folder or hub id (default: the built-in SmolLM2-135M)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 = any free port, printed)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16, float16")
+    p.add_argument("--max-batch-size", type=int, default=64, help="requests per generate batch (default 64)")
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="wait this long for more requests before a batch starts (default 5)")
+    p.add_argument("--served-model-name", default=None, help="name reported by /v1/models")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--seed", type=int, default=0, help="torch seed (default 0)")
+    p.set_defaults(handler=run_serve)
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``rollout serve`` from parsed arguments; returns the exit status."""
+    if args.port < 0 or args.port > 65535:
+        print(f"rollout: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+        return 2
+    if args.max_batch_size < 1 or not (args.batch_window_ms >= 0):
+        print("rollout: error: --max-batch-size must be >= 1 and --batch-window-ms >= 0", file=sys.stderr)
+        return 2
+    config = ServeConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+                         max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
+                         served_model_name=args.served_model_name, torch_threads=args.torch_threads, seed=args.seed)
+    try:
+        try:
+            trio.run(serve, config)
+        except BaseExceptionGroup as group:  # raised inside the server's nursery (e.g. loading the model)
+            raise unwrap_single(group) from None
+    except (RolloutError, ValueError, OSError) as exc:
+        print(f"rollout: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.serve [options]``: parse, configure logging (a process entry point),
+    run; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="rollout")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return args.handler(args)

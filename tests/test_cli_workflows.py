@@ -48,7 +48,7 @@ def test_a_reward_from_a_file_and_a_workflow_import_string(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--workflow", "nope"], "--workflow 'nope': unknown workflow; built-ins are rlvr, multi_turn, vision_rlvr"),
+        (["--workflow", "nope"], "--workflow 'nope': unknown workflow; built-ins are rlvr, multi_turn, math_agent, vision_rlvr"),
         (["--workflow", "no_such.module:Flow"], "--workflow 'no_such.module:Flow': cannot import module"),
         (["--workflow-kwargs", "{bad"], "argument --workflow-kwargs: not valid JSON"),
         (["--workflow-kwargs", "[1, 2]"], "argument --workflow-kwargs: expected a JSON object"),

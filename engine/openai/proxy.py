@@ -97,6 +97,11 @@ class ProxyConfig:
         export_style, turn_discount, drop_retry_orphans: ``end_session``'s
             defaults (``turn_discount`` 1.0 leaves rewards as set).
         graceful_timeout_s: on close, how long requests in flight may finish.
+        backlog: the listening socket's queue of connections not yet accepted
+            (hundreds of agents connect at once).
+        keep_alive_timeout_s: how long an idle connection stays open (hypercorn's
+            5 s default races agents that think between calls: a request sent as
+            the server closes the connection fails with "server disconnected").
     """
 
     host: str = "127.0.0.1"
@@ -112,16 +117,20 @@ class ProxyConfig:
     turn_discount: float = 1.0
     drop_retry_orphans: bool = False
     graceful_timeout_s: float = 1.0
+    backlog: int = 4096
+    keep_alive_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"host must be a loopback address (127.0.0.1, localhost, ::1), got {self.host!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"port must be an int in [0, 65535], got {self.port!r}")
-        for name in ("session_idle_timeout_s", "graceful_timeout_s"):
+        for name in ("session_idle_timeout_s", "graceful_timeout_s", "keep_alive_timeout_s"):
             _positive(name, getattr(self, name))
         if self.admission_timeout_s is not None:
             _positive("admission_timeout_s", self.admission_timeout_s)
+        if isinstance(self.backlog, bool) or not isinstance(self.backlog, int) or self.backlog < 1:
+            raise ValueError(f"backlog must be an int >= 1, got {self.backlog!r}")
         if self.export_style not in EXPORT_STYLES:
             raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {self.export_style!r}")
         _discount(self.turn_discount)
@@ -577,6 +586,8 @@ async def open_openai_proxy(engine: Any, tokenizer: Any, config: ProxyConfig | N
     hconfig.accesslog = None
     hconfig.errorlog = logging.getLogger(__name__ + ".server")  # a logger of ours: no handler is installed
     hconfig.graceful_timeout = config.graceful_timeout_s
+    hconfig.backlog = config.backlog
+    hconfig.keep_alive_timeout = config.keep_alive_timeout_s
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(functools.partial(serve, proxy.app(), hconfig, shutdown_trigger=stop.wait))

@@ -75,21 +75,27 @@ async def _agents(url: str, sessions: int, turns: int, out_len: int) -> dict[str
     latencies: list[float] = []
     cpu0 = time.process_time()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as http:
-        base = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                  http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=300))
+    # agents in groups of 16 per connection pool: an httpx pool's cost per request grows with its
+    # connections, and real agents live in many processes
+    pools = [(httpx.AsyncClient(base_url=url, limits=limits, timeout=300),
+              openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                                 http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=300)))
+             for _ in range(max(1, sessions // 16))]
 
-        async def agent(i: int) -> None:
-            s = (await http.post("/rl/start_session", json={"data": {"i": i}})).json()
-            await _turns(base.with_options(api_key=s["api_key"]).chat.completions.create, i, turns, out_len,
-                         latencies)
-            auth = {"Authorization": f"Bearer {s['api_key']}"}
-            await http.post("/rl/set_reward", json={"reward": 1.0}, headers=auth)
-            await http.post("/rl/end_session", json={"style": "concat"}, headers=auth)
+    async def agent(i: int) -> None:
+        http, base = pools[i % len(pools)]
+        s = (await http.post("/rl/start_session", json={"data": {"i": i}})).json()
+        await _turns(base.with_options(api_key=s["api_key"]).chat.completions.create, i, turns, out_len, latencies)
+        auth = {"Authorization": f"Bearer {s['api_key']}"}
+        await http.post("/rl/set_reward", json={"reward": 1.0}, headers=auth)
+        await http.post("/rl/end_session", json={"style": "concat"}, headers=auth)
 
-        async with trio.open_nursery() as nursery:
-            for i in range(sessions):
-                nursery.start_soon(agent, i)
+    async with trio.open_nursery() as nursery:
+        for i in range(sessions):
+            nursery.start_soon(agent, i)
+    for http, base in pools:
+        await http.aclose()
+        await base.close()
     return {"latencies": latencies, "cpu_s": time.process_time() - cpu0}
 
 

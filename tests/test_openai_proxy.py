@@ -244,13 +244,16 @@ async def test_256_simultaneous_sessions_on_the_sim_are_all_accounted():
     n = 256
     config = EngineConfig(max_concurrent_rollouts=n)
     async with open_rollout_engine(sim, config, reward_pool=InProcessRewardPool()) as engine:
-        unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with open_openai_proxy(engine, tok) as proxy, \
-                httpx.AsyncClient(base_url=proxy.url, limits=unlimited, timeout=60) as http:
-            base = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
+        async with open_openai_proxy(engine, tok) as proxy:
+            # agents in groups of 16, each group with its own connection pools (a pool's cost per request
+            # grows with its connections; real agents live in many processes)
+            pools = [(httpx.AsyncClient(base_url=proxy.url, timeout=60),
+                      openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0))
+                     for _ in range(n // 16)]
             ended = []
 
             async def agent(i):
+                http, base = pools[i % len(pools)]
                 s = await start(http, {"i": i})
                 client = base.with_options(api_key=s["api_key"])
                 msgs = [{"role": "user", "content": f"question {i}"}]
@@ -264,6 +267,9 @@ async def test_256_simultaneous_sessions_on_the_sim_are_all_accounted():
             async with trio.open_nursery() as nursery:
                 for i in range(n):
                     nursery.start_soon(agent, i)
+            for http, base in pools:
+                await http.aclose()
+                await base.close()
             results = await engine.wait_results(n)
             stats, pstats = engine.statistics(), proxy.statistics()
     assert ended == [1] * n

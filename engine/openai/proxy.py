@@ -51,6 +51,7 @@ requests count in ``EngineStatistics.retokenization_drifts`` when its episode en
 from __future__ import annotations
 
 import functools
+import hmac
 import json
 import sys
 import logging
@@ -434,7 +435,7 @@ class OpenAIProxy:
 
         body = await _json_body(request, allow_empty=True)
         admin = self.config.admin_api_key
-        if admin is not None and _bearer(request) != admin:
+        if admin is not None and not hmac.compare_digest((_bearer(request) or "").encode(), admin.encode()):
             raise _HTTPError(401, "start_session needs the proxy's admin_api_key as bearer token",
                              "authentication_error", "invalid_api_key")
         try:

@@ -76,8 +76,7 @@ _HTTP_CLIENT: Any = None  # one idle httpx client shared by every EngineOpenAI (
 _IGNORED = frozenset({"model", "user", "metadata", "store", "parallel_tool_calls", "service_tier", "extra_headers",
                       "extra_query", "extra_body", "timeout", "stream_options", "reasoning_effort", "modalities",
                       "prediction", "audio", "web_search_options", "safety_identifier", "prompt_cache_key",
-                      "verbosity", "function_call", "functions", "top_logprobs", "prompt_cache_retention",
-                      "moderation"})
+                      "verbosity", "top_logprobs", "prompt_cache_retention", "moderation"})
 
 
 def _given(value: Any) -> Any:

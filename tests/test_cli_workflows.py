@@ -68,9 +68,9 @@ def test_bad_workflow_options_are_one_line_errors(tmp_path, capsys, args, needle
 def test_help_lists_the_built_in_workflows_and_their_row_needs(capsys):
     code, out, _ = _run(["run", "--help"], capsys)
     assert code == 0
-    for name in ("rlvr", "multi_turn", "vision_rlvr"):
+    for name in ("rlvr", "multi_turn", "math_agent", "vision_rlvr"):
         assert f"\n  {name} " in out
-    assert out.count("row needs:") == 3 and "'images'" in out and "--workflow-kwargs" in out
+    assert out.count("row needs:") == 4 and "'images'" in out and "--workflow-kwargs" in out
 
 
 @pytest.mark.smollm2

@@ -55,6 +55,7 @@ __all__ = [
     "decode_text",
     "encode_text",
     "message_delta",
+    "record_drift",
     "render_messages",
 ]
 
@@ -147,6 +148,16 @@ def collect_drift_events() -> Iterator[list[str]]:
         yield events
     finally:
         _DRIFT_EVENTS.reset(token)
+
+
+def record_drift(detail: str) -> None:
+    """Record a retokenization drift event found outside :func:`message_delta`
+    (e.g. an OpenAI-compatible client asked to continue a conversation whose
+    assistant turns match no completion it made, so the history must be
+    tokenized again), or found in another task and reported again inside an
+    episode: appended to every active :func:`collect_drift_events` block and
+    logged like the events of :func:`message_delta`."""
+    _record_drift(detail)
 
 
 def _record_drift(detail: str) -> None:

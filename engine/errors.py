@@ -9,6 +9,8 @@
     ├── RewardError                       a reward function raised, returned a non-finite
     │                                     or non-numeric value, or cannot be pickled
     ├── WorkflowError                     a workflow could not be resolved/instantiated
+    ├── SessionAbandonedError             an OpenAI-proxy session was never ended (idle
+    │                                     timeout, client gone, proxy closed)
     ├── EpisodeFailuresError              recent episodes all failed (the failure breaker
     │                                     opened); names the dominant reason
     └── DataExhaustedError                a one-pass dataloader has no more items
@@ -34,6 +36,7 @@ __all__ = [
     "InvalidRequestError",
     "RewardError",
     "RolloutError",
+    "SessionAbandonedError",
     "WorkflowError",
     "failure_reason",
     "unwrap_single",
@@ -66,6 +69,13 @@ class WorkflowError(RolloutError):
     """A workflow spec could not be resolved or instantiated."""
 
 
+class SessionAbandonedError(RolloutError):
+    """A session of the OpenAI-compatible proxy (:mod:`engine.openai.proxy`) ended
+    without its ``end_session`` call: no request within its idle timeout, its
+    client went away before it was admitted, or the proxy closed.  Its episode
+    fails with reason ``"session_abandoned"``; the message says which."""
+
+
 class EpisodeFailuresError(RolloutError):
     """Recent episodes all failed, so the engine stopped submitting (its failure
     breaker opened: :mod:`engine._breaker`).  The message names the dominant failure
@@ -83,7 +93,7 @@ class DataExhaustedError(RolloutError):
 
 
 #: Reasons an episode can fail with (``EpisodeResult.reason`` when status is "failed").
-FAILURE_REASONS = ("backend_error", "invalid_request", "reward_error", "workflow_error")
+FAILURE_REASONS = ("backend_error", "invalid_request", "reward_error", "session_abandoned", "workflow_error")
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -94,6 +104,8 @@ def failure_reason(exc: BaseException) -> str:
         return "backend_error"
     if isinstance(exc, InvalidRequestError):
         return "invalid_request"
+    if isinstance(exc, SessionAbandonedError):
+        return "session_abandoned"
     return "workflow_error"
 
 

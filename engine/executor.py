@@ -181,7 +181,8 @@ class EpisodeResult:
             ``group_id [B] int64`` and ``group_size [B] int32``); else ``None``.
         reason: ``None`` when accepted.  Rejected: ``"workflow_returned_none"``,
             ``"filtered"``, ``"filter_error"``, ``"filter_timeout"``,
-            ``"incomplete_group"``, ``"stale"``.  Failed: one of
+            ``"incomplete_group"``, ``"stale"``, ``"missing_reward"`` (reward
+            normalization of interaction dicts, :mod:`engine.openai.interaction`).  Failed: one of
             :data:`engine.errors.FAILURE_REASONS` or ``"cancelled"``.
         error_type, error_message: the original exception, when failed (or when
             a filter raised).
@@ -585,12 +586,18 @@ class RolloutEngine:
         from rewards import collect_reward_outcomes
 
         outcomes: list[Any] = [None] * task.group_size
+        interaction_rewards: dict[int, float | None] = {}  # member -> episode reward, for interaction dicts
 
         async def member(i: int) -> None:
             sample_index.set(i)  # task-local: each member runs in its own task (or context)
             with collect_reward_outcomes() as scored, collect_drift_events() as drifts:
                 try:
-                    outcomes[i] = await task.workflow.arun_episode(self, task.data)
+                    out = await task.workflow.arun_episode(self, task.data)
+                    if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
+                        from .openai.interaction import trajectory_from_interactions
+
+                        out, interaction_rewards[i] = trajectory_from_interactions(out)
+                    outcomes[i] = out
                 except Exception as exc:
                     outcomes[i] = _leaf(exc)
             self._reward_fallbacks += sum(o.is_fallback for o in scored)
@@ -611,7 +618,7 @@ class RolloutEngine:
                 rejected += 1
             elif not isinstance(out, TensorDict) or out.batch_dims != 1:
                 errors.append((i, TypeError(f"arun_episode returned {type(out).__name__}, expected a "
-                                            "TensorDict with batch size [B] or None")))
+                                            "TensorDict with batch size [B], a dict of interactions or None")))
             elif out.batch_size[0] == 0:
                 errors.append((i, ValueError("arun_episode returned a TensorDict with 0 rows (batch size [0]); "
                                              "return None to reject an episode")))
@@ -632,8 +639,11 @@ class RolloutEngine:
         complete = not errors and not rejected
         if not complete and self.config.drop_incomplete_group:
             return EpisodeResult(task.task_id, "rejected", reason="incomplete_group", data=task.data)
+        if self.config.reward_normalization and complete and None in interaction_rewards.values():
+            return EpisodeResult(task.task_id, "rejected", reason="missing_reward", data=task.data,
+                                 error_message="reward normalization: a sample's last interaction has no reward")
         try:
-            traj = self._finish_group(task, trajs, complete)
+            traj = self._finish_group(task, trajs, complete, interaction_rewards)
         except ValueError as exc:  # members with different key sets/dtypes
             return _failed(task, exc, reason="workflow_error")
         member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
@@ -645,7 +655,8 @@ class RolloutEngine:
                                      error_message=str(exc) if exc else None)
         return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
 
-    def _finish_group(self, task: _Task, trajs: list[TensorDict], complete: bool) -> TensorDict:
+    def _finish_group(self, task: _Task, trajs: list[TensorDict], complete: bool,
+                      interaction_rewards: dict[int, float | None]) -> TensorDict:
         traj = trajs[0] if len(trajs) == 1 else concat_padded_tensors(trajs)
         rows = traj.batch_size[0]
         traj = traj.clone(recurse=False)
@@ -654,7 +665,13 @@ class RolloutEngine:
         if self.config.reward_normalization and "rewards" in traj.keys():
             raw = traj["rewards"]  # [B] float32
             traj["original_rewards"] = raw.clone()
-            if complete:  # AReaL: population std + 1e-8
+            if complete and interaction_rewards:  # AReaL: one reward per member, its last interaction's
+                from .openai.interaction import group_normalized_rewards
+
+                traj["rewards"] = group_normalized_rewards(
+                    [t.batch_size[0] for t in trajs],
+                    [interaction_rewards.get(i, float(t["rewards"][-1])) for i, t in enumerate(trajs)])
+            elif complete:  # AReaL: population std + 1e-8
                 traj["rewards"] = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
         if self.config.staleness_policy == "flag" and self.config.max_head_offpolicyness is not None:
             traj["is_stale"] = torch.zeros(rows, dtype=torch.bool)  # [B]

@@ -7,11 +7,12 @@ loaded on first attribute access through module ``__getattr__``.
 from __future__ import annotations
 
 
-__all__ = ["BUILTIN_WORKFLOWS", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow",
+__all__ = ["BUILTIN_WORKFLOWS", "MathAgentWorkflow", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow",
            "resolve_workflow"]
 
 _LAZY = {
     "BUILTIN_WORKFLOWS": "workflows.registry",
+    "MathAgentWorkflow": "workflows.math_agent",
     "MultiTurnWorkflow": "workflows.multi_turn",
     "RLVRWorkflow": "workflows.rlvr",
     "RolloutWorkflow": "workflows.base",

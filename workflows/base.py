@@ -30,7 +30,10 @@ class RolloutWorkflow(abc.ABC):
 
         Returns:
             A trajectory ``TensorDict`` with batch size ``[B]`` (fields in
-            ``engine.data.TRAJECTORY_SCHEMA``), or ``None`` to reject the episode.
+            ``engine.data.TRAJECTORY_SCHEMA``), a ``dict[id, Interaction]`` of
+            OpenAI-compatible completions (``InteractionCache.export_interactions``;
+            the engine makes one row per interaction:
+            :mod:`engine.openai.interaction`), or ``None`` to reject the episode.
             An exception fails the episode (reason ``workflow_error`` unless it is a
             reward/backend/request error); it never stops the run.
         """

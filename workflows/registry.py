@@ -42,6 +42,12 @@ BUILTIN_WORKFLOWS: dict[str, BuiltinWorkflow] = {
         row="as rlvr; kwargs max_turns, turn_discount, feedback",
         summary="answer, get feedback when the reward is not positive, try again (token-exact)",
     ),
+    "math_agent": BuiltinWorkflow(
+        "workflows.math_agent.MathAgentWorkflow",
+        row="'question' (or 'messages'); other keys reach the reward (gsm8k: 'answer'); kwargs max_turns, "
+            "turn_discount, export_style",
+        summary="GSM8K agent with a calculator tool through the engine's OpenAI client (returns interactions)",
+    ),
     "vision_rlvr": BuiltinWorkflow(
         "workflows.vision_rlvr.VisionRLVRWorkflow",
         row="'images' (PIL images, file paths or bytes) and 'messages'; other keys reach the reward",

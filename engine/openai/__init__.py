@@ -1,0 +1,51 @@
+"""OpenAI-compatible agents on the engine: a client, an HTTP proxy, interactions.
+
+* :class:`EngineOpenAI`: an ``openai.AsyncOpenAI`` whose ``chat.completions.create``
+  runs on ``engine.agenerate`` (token-exact across calls, tool calls parsed)
+  and records every completion as an :class:`Interaction`;
+* :class:`InteractionCache`: the completions of an episode as a conversation
+  tree: rewards, discount, export as ``dict[id, Interaction]`` ("individual" or
+  "concat"), which ``arun_episode`` may return;
+* :func:`open_openai_proxy`: an OpenAI-compatible HTTP server on 127.0.0.1
+  (hypercorn's trio worker + Starlette) inside the engine's trio loop, one
+  episode per session.
+
+Names resolve lazily: importing this package does not import ``openai``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EngineOpenAI",
+    "Interaction",
+    "InteractionCache",
+    "JsonInTagsToolCallParser",
+    "OpenAIProxy",
+    "ParsedToolCall",
+    "ProxyConfig",
+    "ProxySession",
+    "ProxyStatistics",
+    "open_openai_proxy",
+    "resolve_tool_parser",
+    "trajectory_from_interactions",
+]
+
+_LAZY = {
+    "EngineOpenAI": "engine.openai.client",
+    "Interaction": "engine.openai.interaction",
+    "InteractionCache": "engine.openai.cache",
+    "JsonInTagsToolCallParser": "engine.openai.tool_calls",
+    "OpenAIProxy": "engine.openai.proxy",
+    "ParsedToolCall": "engine.openai.tool_calls",
+    "ProxyConfig": "engine.openai.proxy",
+    "ProxySession": "engine.openai.proxy",
+    "ProxyStatistics": "engine.openai.proxy",
+    "open_openai_proxy": "engine.openai.proxy",
+    "resolve_tool_parser": "engine.openai.tool_calls",
+    "trajectory_from_interactions": "engine.openai.interaction",
+}
+
+
+from .._lazy import lazy_exports  # noqa: E402
+
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -362,3 +362,22 @@ async def test_a_weight_update_between_turns_on_the_tiny_model(tiny, tiny_dir, t
         assert set(traj["versions"][0, pos].tolist()) == {t}
         ref = _teacher_forced(reference, ids, pos)
         assert (ref - traj["logprobs"][0, pos]).abs().max().item() < 1e-4
+
+
+async def test_seeded_samples_of_one_prompt_differ_and_repeat_across_runs():
+    """Regression (new-user trial): with a run seed every sample of a prompt shared one
+    seed, so a GRPO group had identical rows and zero advantage."""
+    tok = build_tiny_tokenizer()
+
+    async def run():
+        sim = SimBackend(SimConfig(vocab_size=len(tok), eos_token_id=TINY_EOS_ID, first_token_id=5,
+                                   out_len_median=6, out_len_sigma=0.6, seed=5))
+        wf = MultiTurnWorkflow(zero_reward, GenerationHyperparameters(n_samples=4, max_new_tokens=8, seed=3), tok,
+                               max_turns=2, feedback=FEEDBACK)
+        async with open_rollout_engine(sim, reward_pool=InProcessRewardPool()) as engine:
+            return (await engine.wait_for_task(engine.submit(QUESTION, wf, task_id=7))).trajectory
+
+    a, b = await run(), await run()
+    rows = {tuple(a["input_ids"][i][a["attention_mask"][i]].tolist()) for i in range(4)}
+    assert len(rows) == 4  # the samples differ
+    assert torch.equal(a["input_ids"], b["input_ids"])  # and a seeded run repeats

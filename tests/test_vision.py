@@ -310,6 +310,17 @@ async def test_sim_backend_accepts_image_requests(processor, reward_pool, autoju
     assert backend.statistics().image_requests == 6
 
 
+async def test_seeded_samples_of_an_image_prompt_differ(processor, reward_pool, autojump_clock):
+    """Regression (new-user trial): every sample of a prompt shared the run seed."""
+    workflow = VisionRLVRWorkflow(zero_reward, GenerationHyperparameters(n_samples=4, max_new_tokens=8, seed=0),
+                                  None, processor)
+    backend = SimBackend(vocab_size=262, eos_token_id=4, seed=0, out_len_sigma=0.5)
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        batch = await engine.rollout_batch(load_dataset("builtin:shapes:1"), workflow)
+    gen = batch["loss_mask"].bool()
+    assert len({tuple(batch["input_ids"][i][gen[i]].tolist()) for i in range(4)}) == 4
+
+
 # -- remote backends ------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.errors import WorkflowError
 
-__all__ = ["RolloutWorkflow", "resolve_workflow"]
+__all__ = ["RolloutWorkflow", "resolve_workflow", "sample_gconfig"]
 
 
 class RolloutWorkflow(abc.ABC):
@@ -91,3 +91,21 @@ def resolve_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
     raise WorkflowError(
         f"workflow {spec!r} has no coroutine method arun_episode(engine, data) or run(engine, data)"
     )
+
+
+def sample_gconfig(gconfig: Any, sample: int, *extra: int) -> Any:
+    """The sampling config of one request of the running episode.
+
+    With ``gconfig.seed`` set (the run seed), a copy whose seed is
+    ``derive_seed(run_seed, task_id, group_sample, sample, *extra)``, so the samples of
+    a prompt (and the turns of a sample: pass the turn as ``extra``) differ while a
+    seeded run repeats; without a seed, ``gconfig`` itself.  Call it inside
+    ``arun_episode`` (it reads the episode's task id and group sample index).
+    """
+    if gconfig.seed is None:
+        return gconfig
+    from engine.executor import episode_id, sample_index
+    from engine.types import derive_seed
+
+    return gconfig.new(seed=derive_seed(gconfig.seed, episode_id.get(), sample_index.get(), sample, *extra))
+

@@ -38,7 +38,7 @@ from engine.imports import resolve_reward_fn
 from engine.trajectory import Injected, Sampled, build_trajectory
 from engine.types import GenerationHyperparameters, ModelRequest
 
-from .base import RolloutWorkflow
+from .base import RolloutWorkflow, sample_gconfig
 from .rlvr import _decode
 
 __all__ = ["DEFAULT_FEEDBACK", "MultiTurnWorkflow"]
@@ -130,7 +130,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         rows: list[Any] = [None] * n
 
         async def one_sample(i: int) -> None:
-            rows[i] = await self._sample(engine, data)
+            rows[i] = await self._sample(engine, data, i)
 
         if n == 1:
             await one_sample(0)
@@ -140,7 +140,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
                 nursery.start_soon(one_sample, i)
         return concat_padded_tensors(rows)
 
-    async def _sample(self, engine: Any, data: dict[str, Any]):
+    async def _sample(self, engine: Any, data: dict[str, Any], sample: int):
         tok, cfg = self.tokenizer, self._sample_cfg
         conv = TokenConversation(tok, data["messages"], chat_template_kwargs=self.chat_template_kwargs,
                                  stop_token_ids=cfg.stop_token_ids)
@@ -148,7 +148,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
         feedback = [{"role": "user", "content": self.feedback}]
         reward, fallback, discount, turns = 0.0, False, 1.0, 0
         while True:
-            resp = await engine.agenerate(ModelRequest(input_ids=conv.ids, gconfig=cfg, tokenizer=tok))
+            turn_cfg = sample_gconfig(cfg, sample, turns)  # samples and turns draw differently (seeded runs)
+            resp = await engine.agenerate(ModelRequest(input_ids=conv.ids, gconfig=turn_cfg, tokenizer=tok))
             segments.append(Sampled(resp, turns))
             turns += 1
             scored = await engine.reward_pool.score(

@@ -44,6 +44,7 @@ from engine.data import concat_padded_tensors, trajectory_from_response
 from engine.errors import InvalidRequestError
 from engine.types import GenerationHyperparameters, ModelRequest
 
+from .base import sample_gconfig
 from .rlvr import RLVRWorkflow, _decode
 
 __all__ = ["IMAGE_PART_TYPES", "VisionRLVRWorkflow", "build_vision_workflow", "encode_images", "read_images"]
@@ -113,7 +114,8 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         prompt_text: list[str] = []
 
         async def one_sample(i: int) -> None:
-            req = ModelRequest(input_ids=input_ids, gconfig=self._sample_cfg, tokenizer=self.tokenizer,
+            req = ModelRequest(input_ids=input_ids, gconfig=sample_gconfig(self._sample_cfg, i),
+                               tokenizer=self.tokenizer,
                                image_data=image_data, processor=self.processor)
             resp = await engine.agenerate(req)
             if not prompt_text:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCKED_OPTIONS", "RunState", "open_run_dir", "read_journal", "resolve_resume_options",
+__all__ = ["LOCKED_OPTIONS", "RunState", "locked_options", "open_run_dir", "read_journal", "resolve_resume_options",
            "write_json_atomic"]
 
 #: Options that define a run's items and what their episodes mean; ``--resume``
@@ -54,7 +54,14 @@ LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_si
                   "temperature", "seed", "consumer_batch_size", "max_head_offpolicyness",
                   # how the dataset's rows become items (engine.hf_datasets)
                   "split", "subset", "shuffle", "epochs", "prompt_key", "answer_key", "messages_key",
-                  "system_prompt", "prompt_template", "skip_bad_rows")
+                  "system_prompt", "prompt_template", "skip_bad_rows",
+                  # what an episode runs and how it is scored
+                  "workflow", "workflow_kwargs", "reward", "reward_timeout")
+
+
+def locked_options(args: Any) -> list[str]:
+    """:data:`LOCKED_OPTIONS` plus the simulated server's ``--sim-*`` options (the run's shape)."""
+    return [*LOCKED_OPTIONS, *sorted(k for k in vars(args) if k.startswith("sim_"))]
 
 RUN_FILE, JOURNAL, ROLLOUTS, SUMMARY, TRAJECTORIES, LOCK = (
     "run.json", "progress.jsonl", "rollouts.jsonl", "summary.json", "trajectories", ".lock")
@@ -92,7 +99,7 @@ def resolve_resume_options(args: Any, explicit: set[str]) -> None:
         raise ValueError(f"--resume {out}: no run to resume there (no {RUN_FILE})") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--resume {out}: {RUN_FILE} is unreadable ({exc})") from None
-    for name in LOCKED_OPTIONS:
+    for name in locked_options(args):
         if name not in saved:
             continue
         if name in explicit and getattr(args, name) != saved[name]:

@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(dump_config(config_dict(build_parser, args)), end="")
             return 0
+        if args.resume is not None:  # the run's own options, before the workflow and reward are resolved
+            from ._journal import resolve_resume_options
+
+            resolve_resume_options(args, explicit)
         _check_out(args.out)
         from ._cli_workflow import plan_workflow
 
@@ -353,22 +357,21 @@ async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.
                        interrupt: Any) -> dict[str, Any]:
     """One segment of a run (the whole run unless interrupted): open the run
     folder, run the items not done yet, write outputs as they end."""
-    from ._journal import LOCKED_OPTIONS, open_run_dir, resolve_resume_options
+    from ._journal import locked_options, open_run_dir
     from .config_file import config_dict, dump_config
     from .executor import open_rollout_engine
     from .live import view_mode
     from .metrics import observe_run
     from .outputs import RunWriter
 
-    if args.resume is not None:
-        await trio.to_thread.run_sync(resolve_resume_options, args, explicit)
+    if args.resume is not None:  # (its options were resolved in main)
         if args.backend in ("sglang", "vllm") and not args.server:
             raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     loaded = await trio.to_thread.run_sync(_load_items, args)  # a bad dataset fails before any work
     items = loaded.items
-    options = {name: getattr(args, name) for name in LOCKED_OPTIONS}
+    options = {name: getattr(args, name) for name in locked_options(args)}
     state = await trio.to_thread.run_sync(
         lambda: open_run_dir(Path(args.out), options, items, resume=args.resume is not None))
     await trio.Path(args.out, "config.toml").write_text(dump_config(config_dict(build_parser, args)),

@@ -239,3 +239,25 @@ def test_resume_refuses_other_options_and_fresh_runs_refuse_an_unfinished_folder
     assert "holds an unfinished run (0 of 8 items done); continue it with --resume" in capsys.readouterr().err
     assert main(["run", "--backend", "sim", "--resume", str(tmp_path / "nothing"), "--quiet"]) == 2
     assert "no run to resume there" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_runs_workflow_reward_and_sim_options(tmp_path, capsys):
+    """Regression (new-user trial): ``--resume`` forgot --workflow, --reward and --sim-*,
+    so a multi_turn run continued as rlvr with the default reward."""
+    from engine.cli import main
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def one(prompt, completions, prompt_ids, completion_ids, **data):\n    return 1.0\n")
+    out = tmp_path / "run"
+    argv = ["run", "--backend", "sim", "--dataset", "builtin:arith:3", "--n-samples", "1", "--max-new-tokens", "8",
+            "--workflow", "multi_turn", "--reward", f"{reward}:one", "--sim-per-token-s", "0.001", "--quiet",
+            "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    saved = json.loads((out / "run.json").read_text())
+    text = json.dumps(saved)
+    assert "multi_turn" in text and "my_reward.py:one" in text and "0.001" in text
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0  # nothing left: the run's own options
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workflow"] == "multi_turn" and summary["reward_mean"] == 1.0
+    assert main(["run", "--resume", str(out), "--workflow", "rlvr", "--quiet"]) == 2
+    assert "--workflow rlvr differs from the run's --workflow multi_turn" in capsys.readouterr().err

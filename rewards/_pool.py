@@ -137,6 +137,16 @@ DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
     TypeError, LookupError, AttributeError, NameError, ImportError, NotImplementedError, SyntaxError,
 )
 LATENCY_WINDOW = 4096  # successful calls kept for the latency percentiles
+#: the reward function's positional parameters; dataset keys of the same name (a ``prompt``
+#: column) are not passed again as keywords, which would raise "multiple values for argument"
+REWARD_POSITIONAL = frozenset({"prompt", "completions", "prompt_ids", "completion_ids"})
+
+
+def reward_data(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the keys that name the reward function's positional parameters."""
+    if REWARD_POSITIONAL.isdisjoint(data):
+        return data
+    return {k: v for k, v in data.items() if k not in REWARD_POSITIONAL}
 
 
 
@@ -284,7 +294,7 @@ class RewardPool:
         return await self._score(
             reward_fn,
             (prompt, completions, prompt_ids, completion_ids),
-            data,
+            reward_data(data),
             self.timeout_seconds,
             self.max_retries,
         )
@@ -361,6 +371,7 @@ class RewardPool:
             raise RewardError(f"reward function {reward_fn!r} is not callable")
         name = _describe_fn(reward_fn)
         if data is not None:
+            data = reward_data(data)
             try:
                 signature = inspect.signature(reward_fn)
             except (TypeError, ValueError):  # a builtin without a signature: nothing to check

@@ -433,3 +433,13 @@ def test_importing_rewards_does_not_import_heavy_modules():
         "assert not {'torch', 'transformers'} & set(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_a_prompt_column_does_not_collide_with_the_reward_arguments():
+    """Regression (new-user trial): a dataset with a ``prompt`` column failed every reward
+    call with "multiple values for argument 'prompt'"."""
+    async with open_reward_pool(max_workers=1) as pool:
+        row = {"prompt": "the column", "answer": "#### 18", "completions": "x"}
+        await pool.check_reward_fn(gsm8k_reward, row)
+        outcome = await pool.score(gsm8k_reward, *ARGS, **row)
+    assert outcome.reward == 1.0

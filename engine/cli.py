@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if summary["exit"] in ("SIGINT", "SIGTERM"):
         print(f"rollout: interrupted by {summary['exit']}: {summary['items_done']}/{summary['items']} items done, "
-              f"{summary['cancelled']} episodes cancelled; continue with: rollout run --resume {out}", file=sys.stderr)
+              f"{summary['cancelled']} episodes cancelled or not started; continue with: rollout run --resume {out}",
+              file=sys.stderr)
         return 130 if summary["exit"] == "SIGINT" else 143
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
         print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
@@ -229,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['wall_seconds']:.1f} s ({summary['generated_tokens_per_second']:.1f} tok/s)"
     )
     print(f"wrote {out / 'trajectories'}/ , {out / 'rollouts.jsonl'} , {out / 'summary.json'}")
+    fallbacks, rows = summary.get("reward_fallbacks", 0), summary["trajectories"]
+    if fallbacks and fallbacks >= rows:  # every reward is the timeout fallback: nothing real to train on
+        print(f"rollout: error: every reward timed out ({fallbacks} fallback rewards of 0.0 for {rows} "
+              "trajectories); raise --reward-timeout or fix the reward", file=sys.stderr)
+        return 1
+    if fallbacks:
+        print(f"rollout: warning: {fallbacks} of {rows} rewards are the timeout fallback (0.0, flagged "
+              "reward_is_fallback)", file=sys.stderr)
     return 0
 
 

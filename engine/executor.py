@@ -262,6 +262,17 @@ def _is_cancellation(exc: BaseException) -> bool:
     return isinstance(exc, trio.Cancelled)
 
 
+def _raised_at(exc: BaseException) -> str:
+    """`` (raised at path.py:12 in fn)``: where the innermost frame of ``exc`` was, for logs."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (raised at {last.filename}:{last.lineno} in {last.name})"
+
+
 def _failed(task: _Task, exc: BaseException, reason: str | None = None) -> EpisodeResult:
     return EpisodeResult(task.task_id, "failed", reason=reason or failure_reason(exc),
                          error_type=type(exc).__name__, error_message=str(exc), data=task.data)
@@ -628,7 +639,7 @@ class RolloutEngine:
             if self._closed and isinstance(exc, trio.ClosedResourceError):
                 continue
             self._failure_log.failed(failure_reason(exc), f"episode {task.task_id} sample {i} failed: "
-                                     f"{type(exc).__name__}: {exc}", trio.current_time())
+                                     f"{type(exc).__name__}: {exc}{_raised_at(exc)}", trio.current_time())
         if not trajs:
             if errors:
                 exc = errors[0][1]

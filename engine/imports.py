@@ -92,7 +92,8 @@ def _import(spec: str) -> tuple[Any, str, bool]:
     try:
         module = importlib.import_module(target)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {target!r}: {exc}") from exc
+        hint = f" (a file in the current folder: {target}.py:NAME)" if "." not in target else ""
+        raise ValueError(f"cannot import module {target!r}: {exc}{hint}") from exc
     except Exception as exc:
         raise ValueError(f"importing module {target!r} raised {type(exc).__name__}: {exc}") from exc
     return _getattr_path(module, attr, f"module {target!r}"), attr, False

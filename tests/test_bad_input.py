@@ -217,3 +217,13 @@ def test_a_run_with_zero_accepted_episodes_exits_non_zero_with_one_line(tmp_path
     lines = [line for line in err.strip().splitlines() if not line.startswith("WARNING")]
     assert len(lines) == 1 and "0 of 2 episodes accepted" in lines[0] and "reward_error" in lines[0], err
     assert (out / "summary.json").is_file()  # what there is, is still written
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_reward_timed_out_is_not_a_success(tmp_path, capsys):
+    """Regression (new-user trial): all rewards were the 0.0 timeout fallback and the run exited 0."""
+    out = tmp_path / "out"
+    code, _, err = _cli(["run", "--backend", "sim", "--quiet", "--dataset", "builtin:arith:2", "--n-samples", "1",
+                         "--reward", f"{fx.__file__}:sleep_forever", "--max-new-tokens", "4",
+                         "--reward-timeout", "0.5", "--out", str(out)], capsys)
+    assert code == 1 and "every reward timed out (2 fallback rewards of 0.0 for 2 trajectories)" in err, err

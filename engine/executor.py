@@ -28,8 +28,6 @@ Contract names and semantics follow AReaL's ``WorkflowExecutor``
 from __future__ import annotations
 
 import collections
-import contextvars
-import inspect
 import logging
 import math
 import sys
@@ -38,20 +36,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 import trio
 from tensordict import TensorDict
 
 from ._gc import gc_tuned
 from ._breaker import FailureBreaker, FailureLog
-from .backends.base import BackendStatistics, InferenceBackend, WeightSync, validate_response
+from .backends.base import InferenceBackend, WeightSync, validate_response
 from .buffer import ResultBuffer
 from .datastream import DataStream
-from .chat import collect_drift_events
 from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
-from .errors import (BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, failure_reason,
-                     unwrap_single)
+from .errors import BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, unwrap_single
+from ._config import EngineConfig
+from ._episode import check_staleness, episode_result
+from ._records import EngineStatistics, EpisodeResult, Task as _Task, episode_id, is_cancellation, sample_index
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
 
@@ -70,212 +68,9 @@ __all__ = [
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
-STALENESS_POLICIES = ("drop", "flag")
 #: seconds a prepare_batch waits before it logs why it is still waiting (and again after each further interval)
 PATIENCE_S = 60.0
 
-#: Inside ``arun_episode``: this member's sample index within its group (0 for
-#: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
-sample_index: contextvars.ContextVar[int] = contextvars.ContextVar("sample_index", default=0)
-#: Inside an episode: its task id (remote backends route every request of an
-#: episode to the same server, to reuse its prefix cache).
-episode_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("episode_id", default=None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """Engine settings (units in the names); validated on construction.
-
-    Attributes:
-        max_concurrent_rollouts: episodes running at once (AReaL's ``C``).
-        consumer_batch_size: episodes per training batch (AReaL's ``B``); the
-            batch size of :meth:`RolloutEngine.prepare_batch`.
-        max_head_offpolicyness: AReaL's ``eta``: how many versions generation
-            may run ahead of training; ``None`` disables the staleness bound.
-        buffer_capacity: trajectories the result buffer holds before finished
-            episodes wait to deposit (``None``: ``max(1024, 4 * C)``).
-        staleness_policy: for a trajectory whose oldest generated token is more
-            than ``eta`` versions behind the current version: ``"drop"`` (the
-            episode is rejected, reason ``"stale"``) or ``"flag"`` (kept, with
-            ``is_stale [B] bool`` set).  Checked on deposit and on each
-            ``set_version``.
-        drop_incomplete_group: reject a group with any rejected or failed member
-            (reason ``"incomplete_group"``).
-        reward_normalization: z-score ``rewards`` within a complete group
-            (population std + 1e-8, AReaL) and keep raw values as ``original_rewards``.
-        should_accept_timeout_s: deadline of ``should_accept_fn`` (seconds).
-        dump_dir: when set, every accepted trajectory is also written as a JSONL
-            record under ``dump_dir/<version>/`` (:mod:`engine.dump`).
-        reward_timeout_seconds, reward_max_retries, reward_max_workers,
-        reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
-            reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
-        failure_breaker_consecutive, failure_breaker_window, failure_breaker_rate:
-            bounded failure (:mod:`engine._breaker`): stop refilling
-            :meth:`RolloutEngine.prepare_batch`'s pipeline, and make it raise
-            :class:`~engine.errors.EpisodeFailuresError`, after this many failed
-            episodes in a row, or when at least ``failure_breaker_rate`` of the last
-            ``failure_breaker_window`` ended episodes failed (``None`` disables a rule).
-            Rejections and cancellations are not failures.
-        gc_tuning: opt-in (the GC is process-wide): while the engine is open,
-            freeze the objects alive at open (``gc.freeze``, only if the host froze
-            nothing) and raise the young generation's threshold to 10000; the
-            host's previous state is restored exactly at close (:mod:`engine._gc`;
-            -20% CPU per episode measured).  ``rollout run`` and the benchmarks
-            turn it on.
-    """
-
-    max_concurrent_rollouts: int = 256
-    consumer_batch_size: int = 1
-    max_head_offpolicyness: int | None = None
-    buffer_capacity: int | None = None
-    staleness_policy: str = "drop"
-    drop_incomplete_group: bool = False
-    reward_normalization: bool = False
-    should_accept_timeout_s: float = 30.0
-    dump_dir: str | None = None
-    reward_timeout_seconds: float = 15.0
-    reward_max_retries: int = 3
-    reward_max_workers: int | None = None
-    reward_worker_type: str = "spawn"
-    reward_batch_size: int = 1
-    reward_max_batch_delay_s: float = 0.0
-    gc_tuning: bool = False
-    failure_breaker_consecutive: int | None = 32
-    failure_breaker_window: int = 256
-    failure_breaker_rate: float | None = 0.9
-
-    def __post_init__(self) -> None:
-        for name in ("max_concurrent_rollouts", "consumer_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_head_offpolicyness is not None and self.max_head_offpolicyness < 0:
-            raise ValueError(f"max_head_offpolicyness must be >= 0 or None, got {self.max_head_offpolicyness}")
-        if self.buffer_capacity is not None and self.buffer_capacity < 1:
-            raise ValueError(f"buffer_capacity must be >= 1 trajectory, got {self.buffer_capacity}")
-        if self.staleness_policy not in STALENESS_POLICIES:
-            raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {self.staleness_policy!r}")
-        for name in ("should_accept_timeout_s", "reward_timeout_seconds"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        if self.reward_max_retries < 0:
-            raise ValueError(f"reward_max_retries must be >= 0, got {self.reward_max_retries}")
-        if self.failure_breaker_consecutive is not None and self.failure_breaker_consecutive < 1:
-            raise ValueError(f"failure_breaker_consecutive must be >= 1 or None, got {self.failure_breaker_consecutive}")
-        if self.failure_breaker_window < 1:
-            raise ValueError(f"failure_breaker_window must be >= 1, got {self.failure_breaker_window}")
-        rate = self.failure_breaker_rate
-        if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
-            raise ValueError(f"failure_breaker_rate must be in (0, 1] or None, got {rate!r}")
-
-
-@dataclass(frozen=True)
-class EpisodeResult:
-    """How one submitted episode ended.
-
-    Attributes:
-        task_id: the id ``submit`` returned.
-        status: ``"accepted"``, ``"rejected"`` or ``"failed"``.
-        trajectory: when accepted, the trajectory TensorDict (batch ``[B]``: the
-            rows of every accepted group member, by sample index, with
-            ``group_id [B] int64`` and ``group_size [B] int32``); else ``None``.
-        reason: ``None`` when accepted.  Rejected: ``"workflow_returned_none"``,
-            ``"filtered"``, ``"filter_error"``, ``"filter_timeout"``,
-            ``"incomplete_group"``, ``"stale"``, ``"missing_reward"`` (reward
-            normalization of interaction dicts, :mod:`engine.openai.interaction`).  Failed: one of
-            :data:`engine.errors.FAILURE_REASONS` or ``"cancelled"``.
-        error_type, error_message: the original exception, when failed (or when
-            a filter raised).
-        member_errors: ``(sample_index, reason, error_type, error_message)`` for
-            group members that failed while the group was still accepted.
-        data: the dataset item.
-        elapsed_s: seconds from admission to the end of the episode.
-    """
-
-    task_id: int
-    status: str
-    trajectory: TensorDict | None = None
-    reason: str | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    member_errors: tuple[tuple[int, str, str, str], ...] = ()
-    data: Any = field(default=None, repr=False)
-    elapsed_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class EngineStatistics:
-    """A snapshot of the engine (``submitted == queued + running + accepted +
-    rejected + failed`` always holds).  Buffer sizes are in trajectories."""
-
-    submitted: int
-    queued: int
-    running: int
-    accepted: int
-    rejected: int
-    failed: int
-    rejected_by_reason: dict[str, int]
-    failed_by_reason: dict[str, int]
-    results_waiting: int
-    buffer_size: int
-    buffer_peak: int
-    buffer_capacity: float
-    capacity: int
-    version: int
-    paused: bool
-    generated_tokens: int
-    segments_resumed: int
-    reward_fallbacks: int
-    backend: BackendStatistics
-    rewards: Any
-    #: the failure breaker is open (prepare_batch stopped refilling; see EngineConfig)
-    breaker_open: bool = False
-    #: times the failure breaker opened
-    breaker_trips: int = 0
-    #: where prepare_batch is in its dataloader (:meth:`engine.datastream.DataStream.state_dict`), or None
-    data_position: dict[str, Any] | None = None
-    #: chat-template renderings that differed from the ids sent (:mod:`engine.chat`)
-    retokenization_drifts: int = 0
-
-
-@dataclass(eq=False)
-class _Task:
-    task_id: int
-    workflow: Any
-    data: Any
-    should_accept_fn: Callable[..., Any] | None
-    group_size: int
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The first non-group exception inside (nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _is_cancellation(exc: BaseException) -> bool:
-    """``trio.Cancelled``, or a group holding one (a workflow's or a group's child
-    nursery re-raises its members' ``Cancelled`` inside an exception group)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)[0] is not None
-    return isinstance(exc, trio.Cancelled)
-
-
-def _raised_at(exc: BaseException) -> str:
-    """`` (raised at path.py:12 in fn)``: where the innermost frame of ``exc`` was, for logs."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" (raised at {last.filename}:{last.lineno} in {last.name})"
-
-
-def _failed(task: _Task, exc: BaseException, reason: str | None = None) -> EpisodeResult:
-    return EpisodeResult(task.task_id, "failed", reason=reason or failure_reason(exc),
-                         error_type=type(exc).__name__, error_message=str(exc), data=task.data)
 
 
 @dataclass(eq=False)
@@ -582,7 +377,7 @@ class RolloutEngine:
             result = replace(self._check_staleness(result), elapsed_s=trio.current_time() - start)
             await self._buffer.put(result)  # backpressure: wait for room
         except BaseException as exc:
-            if not _is_cancellation(exc):
+            if not is_cancellation(exc):
                 raise
             if result is None:  # unfinished work is cancelled; finished work is kept
                 result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
@@ -594,135 +389,10 @@ class RolloutEngine:
         self._ended(result, was_running=True)
 
     async def _episode_result(self, task: _Task) -> EpisodeResult:
-        from rewards import collect_reward_outcomes
-
-        outcomes: list[Any] = [None] * task.group_size
-        interaction_rewards: dict[int, float | None] = {}  # member -> episode reward, for interaction dicts
-
-        async def member(i: int) -> None:
-            sample_index.set(i)  # task-local: each member runs in its own task (or context)
-            with collect_reward_outcomes() as scored, collect_drift_events() as drifts:
-                try:
-                    out = await task.workflow.arun_episode(self, task.data)
-                    if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
-                        from .openai.interaction import trajectory_from_interactions
-
-                        out, interaction_rewards[i] = trajectory_from_interactions(out)
-                    outcomes[i] = out
-                except Exception as exc:
-                    outcomes[i] = _leaf(exc)
-            self._reward_fallbacks += sum(o.is_fallback for o in scored)
-            self._retokenization_drifts += len(drifts)
-
-        if task.group_size == 1:
-            await member(0)  # the episode task's own context
-        else:
-            async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
-                for i in range(task.group_size):
-                    nursery.start_soon(member, i)
-
-        trajs, errors, rejected = [], [], 0
-        for i, out in enumerate(outcomes):
-            if isinstance(out, BaseException):
-                errors.append((i, out))
-            elif out is None:
-                rejected += 1
-            elif not isinstance(out, TensorDict) or out.batch_dims != 1:
-                errors.append((i, TypeError(f"arun_episode returned {type(out).__name__}, expected a "
-                                            "TensorDict with batch size [B], a dict of interactions or None")))
-            elif out.batch_size[0] == 0:
-                errors.append((i, ValueError("arun_episode returned a TensorDict with 0 rows (batch size [0]); "
-                                             "return None to reject an episode")))
-            else:
-                trajs.append(out)
-        for i, exc in errors:
-            if self._closed and isinstance(exc, trio.ClosedResourceError):
-                continue
-            self._failure_log.failed(failure_reason(exc), f"episode {task.task_id} sample {i} failed: "
-                                     f"{type(exc).__name__}: {exc}{_raised_at(exc)}", trio.current_time())
-        if not trajs:
-            if errors:
-                exc = errors[0][1]
-                if self._closed and isinstance(exc, trio.ClosedResourceError):  # closing, not a workflow bug
-                    return _failed(task, exc, reason="cancelled")
-                return _failed(task, exc)
-            return EpisodeResult(task.task_id, "rejected", reason="workflow_returned_none", data=task.data)
-        complete = not errors and not rejected
-        if not complete and self.config.drop_incomplete_group:
-            return EpisodeResult(task.task_id, "rejected", reason="incomplete_group", data=task.data)
-        if self.config.reward_normalization and complete and None in interaction_rewards.values():
-            return EpisodeResult(task.task_id, "rejected", reason="missing_reward", data=task.data,
-                                 error_message="reward normalization: a sample's last interaction has no reward")
-        try:
-            traj = self._finish_group(task, trajs, complete, interaction_rewards)
-        except ValueError as exc:  # members with different key sets/dtypes
-            return _failed(task, exc, reason="workflow_error")
-        member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
-        if task.should_accept_fn is not None:
-            reason, exc = await self._run_filter(task.should_accept_fn, traj)
-            if reason is not None:
-                return EpisodeResult(task.task_id, "rejected", reason=reason, data=task.data,
-                                     error_type=type(exc).__name__ if exc else None,
-                                     error_message=str(exc) if exc else None)
-        return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
-
-    def _finish_group(self, task: _Task, trajs: list[TensorDict], complete: bool,
-                      interaction_rewards: dict[int, float | None]) -> TensorDict:
-        traj = trajs[0] if len(trajs) == 1 else concat_padded_tensors(trajs)
-        rows = traj.batch_size[0]
-        traj = traj.clone(recurse=False)
-        traj["group_id"] = torch.full((rows,), task.task_id, dtype=torch.int64)  # [B]
-        traj["group_size"] = torch.full((rows,), rows, dtype=torch.int32)  # [B]
-        if self.config.reward_normalization and "rewards" in traj.keys():
-            raw = traj["rewards"]  # [B] float32
-            traj["original_rewards"] = raw.clone()
-            if complete and interaction_rewards:  # AReaL: one reward per member, its last interaction's
-                from .openai.interaction import group_normalized_rewards
-
-                traj["rewards"] = group_normalized_rewards(
-                    [t.batch_size[0] for t in trajs],
-                    [interaction_rewards.get(i, float(t["rewards"][-1])) for i, t in enumerate(trajs)])
-            elif complete:  # AReaL: population std + 1e-8
-                traj["rewards"] = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
-        if self.config.staleness_policy == "flag" and self.config.max_head_offpolicyness is not None:
-            traj["is_stale"] = torch.zeros(rows, dtype=torch.bool)  # [B]
-        return traj
-
-    async def _run_filter(self, fn: Callable[..., Any], traj: TensorDict) -> tuple[str | None, Exception | None]:
-        """Run ``should_accept_fn`` under its deadline -> (rejection reason or None, error)."""
-        with trio.move_on_after(self.config.should_accept_timeout_s) as scope:
-            try:
-                if inspect.iscoroutinefunction(fn):
-                    ok = await fn(traj)
-                else:
-                    ok = await trio.to_thread.run_sync(fn, traj, abandon_on_cancel=True)
-            except Exception as exc:
-                return "filter_error", exc
-        if scope.cancelled_caught:
-            return "filter_timeout", None
-        return (None, None) if ok else ("filtered", None)
-
-    # -- staleness -------------------------------------------------------------------------
-    def _is_stale(self, traj: TensorDict) -> torch.Tensor:
-        """[B] bool: oldest generated token more than eta versions behind."""
-        eta = self.config.max_head_offpolicyness
-        versions = traj["versions"]  # [B, T] int32, -1 on prompt and padding
-        generated = (traj["loss_mask"] > 0) & traj["attention_mask"]  # [B, T]
-        big = torch.iinfo(versions.dtype).max
-        oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
-        return (oldest != big) & (self.version - oldest > eta)
+        return await episode_result(self, task)
 
     def _check_staleness(self, result: EpisodeResult) -> EpisodeResult:
-        traj = result.trajectory
-        if traj is None or self.config.max_head_offpolicyness is None or "versions" not in traj.keys():
-            return result
-        stale = self._is_stale(traj)
-        if self.config.staleness_policy == "flag":
-            traj["is_stale"] = stale
-            return result
-        if bool(stale.any()):
-            return replace(result, status="rejected", trajectory=None, reason="stale")
-        return result
+        return check_staleness(self, result)
 
     def _recheck_buffer(self) -> None:
         """After a version change: drop or flag trajectories that turned stale."""

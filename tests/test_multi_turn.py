@@ -315,8 +315,8 @@ async def test_three_turns_on_the_tiny_model_reproduce_teacher_forced_logprobs(t
     model, tok = tiny
     backend = RecordingHF(model, tok, batch_window_s=0)
     # temperature 1, no top-k/top-p: the backend's logprobs are the model's own;
-    # seed 4 gives turns cut by the budget around a turn stopped on EOS (CPU, this torch)
-    g = GenerationHyperparameters(max_new_tokens=10, seed=4)
+    # seed 0 gives a turn cut by the budget between turns stopped on EOS (CPU, this torch; per-turn seeds)
+    g = GenerationHyperparameters(max_new_tokens=10, seed=0)
     wf = MultiTurnWorkflow(zero_reward, g, tok, max_turns=3, feedback=FEEDBACK)
     async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:
         traj = await wf.arun_episode(engine, QUESTION)

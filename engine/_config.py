@@ -1,0 +1,97 @@
+"""``EngineConfig``: the engine's settings, frozen and validated in one place."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["EngineConfig", "STALENESS_POLICIES"]
+
+STALENESS_POLICIES = ("drop", "flag")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Engine settings (units in the names); validated on construction.
+
+    Attributes:
+        max_concurrent_rollouts: episodes running at once (AReaL's ``C``).
+        consumer_batch_size: episodes per training batch (AReaL's ``B``); the
+            batch size of :meth:`RolloutEngine.prepare_batch`.
+        max_head_offpolicyness: AReaL's ``eta``: how many versions generation
+            may run ahead of training; ``None`` disables the staleness bound.
+        buffer_capacity: trajectories the result buffer holds before finished
+            episodes wait to deposit (``None``: ``max(1024, 4 * C)``).
+        staleness_policy: for a trajectory whose oldest generated token is more
+            than ``eta`` versions behind the current version: ``"drop"`` (the
+            episode is rejected, reason ``"stale"``) or ``"flag"`` (kept, with
+            ``is_stale [B] bool`` set).  Checked on deposit and on each
+            ``set_version``.
+        drop_incomplete_group: reject a group with any rejected or failed member
+            (reason ``"incomplete_group"``).
+        reward_normalization: z-score ``rewards`` within a complete group
+            (population std + 1e-8, AReaL) and keep raw values as ``original_rewards``.
+        should_accept_timeout_s: deadline of ``should_accept_fn`` (seconds).
+        dump_dir: when set, every accepted trajectory is also written as a JSONL
+            record under ``dump_dir/<version>/`` (:mod:`engine.dump`).
+        reward_timeout_seconds, reward_max_retries, reward_max_workers,
+        reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
+            reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
+        failure_breaker_consecutive, failure_breaker_window, failure_breaker_rate:
+            bounded failure (:mod:`engine._breaker`): stop refilling
+            :meth:`RolloutEngine.prepare_batch`'s pipeline, and make it raise
+            :class:`~engine.errors.EpisodeFailuresError`, after this many failed
+            episodes in a row, or when at least ``failure_breaker_rate`` of the last
+            ``failure_breaker_window`` ended episodes failed (``None`` disables a rule).
+            Rejections and cancellations are not failures.
+        gc_tuning: opt-in (the GC is process-wide): while the engine is open,
+            freeze the objects alive at open (``gc.freeze``, only if the host froze
+            nothing) and raise the young generation's threshold to 10000; the
+            host's previous state is restored exactly at close (:mod:`engine._gc`;
+            -20% CPU per episode measured).  ``rollout run`` and the benchmarks
+            turn it on.
+    """
+
+    max_concurrent_rollouts: int = 256
+    consumer_batch_size: int = 1
+    max_head_offpolicyness: int | None = None
+    buffer_capacity: int | None = None
+    staleness_policy: str = "drop"
+    drop_incomplete_group: bool = False
+    reward_normalization: bool = False
+    should_accept_timeout_s: float = 30.0
+    dump_dir: str | None = None
+    reward_timeout_seconds: float = 15.0
+    reward_max_retries: int = 3
+    reward_max_workers: int | None = None
+    reward_worker_type: str = "spawn"
+    reward_batch_size: int = 1
+    reward_max_batch_delay_s: float = 0.0
+    gc_tuning: bool = False
+    failure_breaker_consecutive: int | None = 32
+    failure_breaker_window: int = 256
+    failure_breaker_rate: float | None = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent_rollouts", "consumer_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_head_offpolicyness is not None and self.max_head_offpolicyness < 0:
+            raise ValueError(f"max_head_offpolicyness must be >= 0 or None, got {self.max_head_offpolicyness}")
+        if self.buffer_capacity is not None and self.buffer_capacity < 1:
+            raise ValueError(f"buffer_capacity must be >= 1 trajectory, got {self.buffer_capacity}")
+        if self.staleness_policy not in STALENESS_POLICIES:
+            raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {self.staleness_policy!r}")
+        for name in ("should_accept_timeout_s", "reward_timeout_seconds"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if self.reward_max_retries < 0:
+            raise ValueError(f"reward_max_retries must be >= 0, got {self.reward_max_retries}")
+        if self.failure_breaker_consecutive is not None and self.failure_breaker_consecutive < 1:
+            raise ValueError(f"failure_breaker_consecutive must be >= 1 or None, got {self.failure_breaker_consecutive}")
+        if self.failure_breaker_window < 1:
+            raise ValueError(f"failure_breaker_window must be >= 1, got {self.failure_breaker_window}")
+        rate = self.failure_breaker_rate
+        if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
+            raise ValueError(f"failure_breaker_rate must be in (0, 1] or None, got {rate!r}")

@@ -1,0 +1,156 @@
+"""One episode, from the workflow's members to an ``EpisodeResult``: run the group's
+members (each with its sample index), collect reward fallbacks and drift events,
+classify the outcome (accepted, rejected, failed with a reason), finish the group
+(``group_id``, ``group_size``, reward normalization), run the filter under its
+deadline, and apply the staleness policy.  Functions of the engine
+(:class:`engine.executor.RolloutEngine`), which calls them from each episode task."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import trio
+from tensordict import TensorDict
+
+from ._records import EpisodeResult, Task, failed_result, leaf_exception, raised_at, sample_index
+from .chat import collect_drift_events
+from .data import concat_padded_tensors
+from .errors import failure_reason
+
+__all__ = ["check_staleness", "episode_result", "finish_group", "is_stale", "run_filter"]
+
+
+async def episode_result(engine: Any, task: Task) -> EpisodeResult:
+    from rewards import collect_reward_outcomes
+
+    outcomes: list[Any] = [None] * task.group_size
+    interaction_rewards: dict[int, float | None] = {}  # member -> episode reward, for interaction dicts
+
+    async def member(i: int) -> None:
+        sample_index.set(i)  # task-local: each member runs in its own task (or context)
+        with collect_reward_outcomes() as scored, collect_drift_events() as drifts:
+            try:
+                out = await task.workflow.arun_episode(engine, task.data)
+                if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
+                    from .openai.interaction import trajectory_from_interactions
+
+                    out, interaction_rewards[i] = trajectory_from_interactions(out)
+                outcomes[i] = out
+            except Exception as exc:
+                outcomes[i] = leaf_exception(exc)
+        engine._reward_fallbacks += sum(o.is_fallback for o in scored)
+        engine._retokenization_drifts += len(drifts)
+
+    if task.group_size == 1:
+        await member(0)  # the episode task's own context
+    else:
+        async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
+            for i in range(task.group_size):
+                nursery.start_soon(member, i)
+
+    trajs, errors, rejected = [], [], 0
+    for i, out in enumerate(outcomes):
+        if isinstance(out, BaseException):
+            errors.append((i, out))
+        elif out is None:
+            rejected += 1
+        elif not isinstance(out, TensorDict) or out.batch_dims != 1:
+            errors.append((i, TypeError(f"arun_episode returned {type(out).__name__}, expected a "
+                                        "TensorDict with batch size [B], a dict of interactions or None")))
+        elif out.batch_size[0] == 0:
+            errors.append((i, ValueError("arun_episode returned a TensorDict with 0 rows (batch size [0]); "
+                                         "return None to reject an episode")))
+        else:
+            trajs.append(out)
+    for i, exc in errors:
+        if engine._closed and isinstance(exc, trio.ClosedResourceError):
+            continue
+        engine._failure_log.failed(failure_reason(exc), f"episode {task.task_id} sample {i} failed: "
+                                 f"{type(exc).__name__}: {exc}{raised_at(exc)}", trio.current_time())
+    if not trajs:
+        if errors:
+            exc = errors[0][1]
+            if engine._closed and isinstance(exc, trio.ClosedResourceError):  # closing, not a workflow bug
+                return failed_result(task, exc, reason="cancelled")
+            return failed_result(task, exc)
+        return EpisodeResult(task.task_id, "rejected", reason="workflow_returned_none", data=task.data)
+    complete = not errors and not rejected
+    if not complete and engine.config.drop_incomplete_group:
+        return EpisodeResult(task.task_id, "rejected", reason="incomplete_group", data=task.data)
+    if engine.config.reward_normalization and complete and None in interaction_rewards.values():
+        return EpisodeResult(task.task_id, "rejected", reason="missing_reward", data=task.data,
+                             error_message="reward normalization: a sample's last interaction has no reward")
+    try:
+        traj = finish_group(engine, task, trajs, complete, interaction_rewards)
+    except ValueError as exc:  # members with different key sets/dtypes
+        return failed_result(task, exc, reason="workflow_error")
+    member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
+    if task.should_accept_fn is not None:
+        reason, exc = await run_filter(engine, task.should_accept_fn, traj)
+        if reason is not None:
+            return EpisodeResult(task.task_id, "rejected", reason=reason, data=task.data,
+                                 error_type=type(exc).__name__ if exc else None,
+                                 error_message=str(exc) if exc else None)
+    return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
+
+def finish_group(engine: Any, task: Task, trajs: list[TensorDict], complete: bool,
+                  interaction_rewards: dict[int, float | None]) -> TensorDict:
+    traj = trajs[0] if len(trajs) == 1 else concat_padded_tensors(trajs)
+    rows = traj.batch_size[0]
+    traj = traj.clone(recurse=False)
+    traj["group_id"] = torch.full((rows,), task.task_id, dtype=torch.int64)  # [B]
+    traj["group_size"] = torch.full((rows,), rows, dtype=torch.int32)  # [B]
+    if engine.config.reward_normalization and "rewards" in traj.keys():
+        raw = traj["rewards"]  # [B] float32
+        traj["original_rewards"] = raw.clone()
+        if complete and interaction_rewards:  # AReaL: one reward per member, its last interaction's
+            from .openai.interaction import group_normalized_rewards
+
+            traj["rewards"] = group_normalized_rewards(
+                [t.batch_size[0] for t in trajs],
+                [interaction_rewards.get(i, float(t["rewards"][-1])) for i, t in enumerate(trajs)])
+        elif complete:  # AReaL: population std + 1e-8
+            traj["rewards"] = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
+    if engine.config.staleness_policy == "flag" and engine.config.max_head_offpolicyness is not None:
+        traj["is_stale"] = torch.zeros(rows, dtype=torch.bool)  # [B]
+    return traj
+
+async def run_filter(engine: Any, fn: Callable[..., Any], traj: TensorDict) -> tuple[str | None, Exception | None]:
+    """Run ``should_accept_fn`` under its deadline -> (rejection reason or None, error)."""
+    with trio.move_on_after(engine.config.should_accept_timeout_s) as scope:
+        try:
+            if inspect.iscoroutinefunction(fn):
+                ok = await fn(traj)
+            else:
+                ok = await trio.to_thread.run_sync(fn, traj, abandon_on_cancel=True)
+        except Exception as exc:
+            return "filter_error", exc
+    if scope.cancelled_caught:
+        return "filter_timeout", None
+    return (None, None) if ok else ("filtered", None)
+
+# -- staleness ----------------------------------------------------------------------------
+def is_stale(engine: Any, traj: TensorDict) -> torch.Tensor:
+    """[B] bool: oldest generated token more than eta versions behind."""
+    eta = engine.config.max_head_offpolicyness
+    versions = traj["versions"]  # [B, T] int32, -1 on prompt and padding
+    generated = (traj["loss_mask"] > 0) & traj["attention_mask"]  # [B, T]
+    big = torch.iinfo(versions.dtype).max
+    oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
+    return (oldest != big) & (engine.version - oldest > eta)
+
+def check_staleness(engine: Any, result: EpisodeResult) -> EpisodeResult:
+    traj = result.trajectory
+    if traj is None or engine.config.max_head_offpolicyness is None or "versions" not in traj.keys():
+        return result
+    stale = is_stale(engine, traj)
+    if engine.config.staleness_policy == "flag":
+        traj["is_stale"] = stale
+        return result
+    if bool(stale.any()):
+        return replace(result, status="rejected", trajectory=None, reason="stale")
+    return result

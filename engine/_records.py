@@ -1,0 +1,139 @@
+"""How episodes are recorded: ``EpisodeResult`` (one per submitted episode),
+``EngineStatistics`` (a snapshot of the engine), the queued/running ``Task``, and the
+helpers that turn an exception raised inside an episode into a failed result."""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from tensordict import TensorDict
+
+from .backends.base import BackendStatistics
+from .errors import failure_reason
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["EngineStatistics", "EpisodeResult", "Task", "episode_id", "failed_result", "is_cancellation",
+           "leaf_exception", "raised_at", "sample_index"]
+
+#: Inside ``arun_episode``: this member's sample index within its group (0 for
+#: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
+sample_index: contextvars.ContextVar[int] = contextvars.ContextVar("sample_index", default=0)
+#: Inside an episode: its task id (remote backends route every request of an
+#: episode to the same server, to reuse its prefix cache).
+episode_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("episode_id", default=None)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """How one submitted episode ended.
+
+    Attributes:
+        task_id: the id ``submit`` returned.
+        status: ``"accepted"``, ``"rejected"`` or ``"failed"``.
+        trajectory: when accepted, the trajectory TensorDict (batch ``[B]``: the
+            rows of every accepted group member, by sample index, with
+            ``group_id [B] int64`` and ``group_size [B] int32``); else ``None``.
+        reason: ``None`` when accepted.  Rejected: ``"workflow_returned_none"``,
+            ``"filtered"``, ``"filter_error"``, ``"filter_timeout"``,
+            ``"incomplete_group"``, ``"stale"``, ``"missing_reward"`` (reward
+            normalization of interaction dicts, :mod:`engine.openai.interaction`).  Failed: one of
+            :data:`engine.errors.FAILURE_REASONS` or ``"cancelled"``.
+        error_type, error_message: the original exception, when failed (or when
+            a filter raised).
+        member_errors: ``(sample_index, reason, error_type, error_message)`` for
+            group members that failed while the group was still accepted.
+        data: the dataset item.
+        elapsed_s: seconds from admission to the end of the episode.
+    """
+
+    task_id: int
+    status: str
+    trajectory: TensorDict | None = None
+    reason: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    member_errors: tuple[tuple[int, str, str, str], ...] = ()
+    data: Any = field(default=None, repr=False)
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineStatistics:
+    """A snapshot of the engine (``submitted == queued + running + accepted +
+    rejected + failed`` always holds).  Buffer sizes are in trajectories."""
+
+    submitted: int
+    queued: int
+    running: int
+    accepted: int
+    rejected: int
+    failed: int
+    rejected_by_reason: dict[str, int]
+    failed_by_reason: dict[str, int]
+    results_waiting: int
+    buffer_size: int
+    buffer_peak: int
+    buffer_capacity: float
+    capacity: int
+    version: int
+    paused: bool
+    generated_tokens: int
+    segments_resumed: int
+    reward_fallbacks: int
+    backend: BackendStatistics
+    rewards: Any
+    #: the failure breaker is open (prepare_batch stopped refilling; see EngineConfig)
+    breaker_open: bool = False
+    #: times the failure breaker opened
+    breaker_trips: int = 0
+    #: where prepare_batch is in its dataloader (:meth:`engine.datastream.DataStream.state_dict`), or None
+    data_position: dict[str, Any] | None = None
+    #: chat-template renderings that differed from the ids sent (:mod:`engine.chat`)
+    retokenization_drifts: int = 0
+
+
+@dataclass(eq=False)
+class Task:
+    task_id: int
+    workflow: Any
+    data: Any
+    should_accept_fn: Callable[..., Any] | None
+    group_size: int
+
+
+def leaf_exception(exc: BaseException) -> BaseException:
+    """The first non-group exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """``trio.Cancelled``, or a group holding one (a workflow's or a group's child
+    nursery re-raises its members' ``Cancelled`` inside an exception group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[0] is not None
+    return isinstance(exc, trio.Cancelled)
+
+
+def raised_at(exc: BaseException) -> str:
+    """`` (raised at path.py:12 in fn)``: where the innermost frame of ``exc`` was, for logs."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (raised at {last.filename}:{last.lineno} in {last.name})"
+
+
+def failed_result(task: Task, exc: BaseException, reason: str | None = None) -> EpisodeResult:
+    return EpisodeResult(task.task_id, "failed", reason=reason or failure_reason(exc),
+                         error_type=type(exc).__name__, error_message=str(exc), data=task.data)

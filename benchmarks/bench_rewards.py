@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -189,7 +188,7 @@ def ours_hang(workers: int, others: int, timeout_s: float, spread_s: float) -> d
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hang)
-                await trio.sleep(0)  # the hung call is submitted first
+                await trio.lowlevel.checkpoint()  # the hung call is submitted first
                 for index in range(others):  # arrivals: at once, or spread over spread_s
                     await trio.sleep_until(t0_trio + spread_s * index / others)
                     nursery.start_soon(other)

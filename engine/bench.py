@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import statistics
@@ -57,7 +56,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ._bench_meter import Meter, percentile, rss_mib, staleness_histogram
+from ._bench_meter import Meter, percentile, staleness_histogram
 
 __all__ = [
     "HEADLINE",

@@ -58,6 +58,9 @@ import trio
 
 from .errors import RolloutError
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
 __all__ = ["main"]
 
 logger = logging.getLogger(f"rollout.{__name__}")

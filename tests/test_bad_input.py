@@ -14,7 +14,6 @@ import threading
 
 import pytest
 import torch
-import trio
 from tensordict import TensorDict
 
 import reward_fixtures as fx

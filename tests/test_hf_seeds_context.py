@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import trio
 
 from engine import HFBackend, InvalidRequestError, ModelRequest, open_rollout_engine
 from engine.testing import build_tiny_model

@@ -21,7 +21,7 @@ import trio
 from engine.backends.sim import SimBackend, SimConfig
 from engine.cli import main
 from engine.executor import EngineConfig, open_rollout_engine
-from engine.live import plain_line, render, run_view, view_mode
+from engine.live import plain_line, render, view_mode
 from engine.metrics import observe_run, snapshot_metrics
 from engine.testing import build_tiny_tokenizer
 from engine.types import GenerationHyperparameters

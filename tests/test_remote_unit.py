@@ -263,7 +263,6 @@ async def test_routing_least_outstanding_tokens_and_sticky(autojump_clock):
     for f in fakes.values():
         f.script = ["hang"] * 5
     backend = make(fakes)
-    where = {}
 
     async def go(rid, n_prompt, budget, key=None):
         r = ModelRequest(rid=rid, input_ids=[1] * n_prompt, gconfig=G(max_new_tokens=budget),

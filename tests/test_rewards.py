@@ -29,6 +29,7 @@ from engine.errors import RewardError
 from rewards import RewardOutcome, extract_answer, gsm8k_reward, open_reward_pool
 from rewards._pool import default_max_workers
 from rewards.math import parse_number
+import trio.lowlevel
 
 ARGS = ("What is 6 * 3?", "6 * 3 = 18\n#### 18", [1, 2, 3], [4, 5])
 GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
@@ -334,7 +335,7 @@ async def test_async_reward_values_and_errors(autojump_clock):
 
 
 async def _divide_by_zero_async(prompt, completions, prompt_ids, completion_ids, **data):
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
     return 1 / 0
 
 

@@ -14,7 +14,7 @@ import torch
 import trio
 
 from conftest import InProcessRewardPool
-from engine import EngineConfig, MockBackend, SimBackend, SimConfig, open_rollout_engine
+from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
 from engine.data import trajectory_from_response
 from engine.datastream import DataStream
 from engine.errors import DataExhaustedError, DatasetError, EpisodeFailuresError

@@ -33,7 +33,7 @@ import math
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -49,6 +49,7 @@ from .dump import TrajectoryDumper
 from .errors import BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, unwrap_single
 from ._config import EngineConfig
 from ._episode import check_staleness, episode_result
+from ._feeder import Feeder, feeder_for, refill
 from ._records import EngineStatistics, EpisodeResult, Task as _Task, episode_id, is_cancellation, sample_index
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
@@ -71,21 +72,6 @@ logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging n
 #: seconds a prepare_batch waits before it logs why it is still waiting (and again after each further interval)
 PATIENCE_S = 60.0
 
-
-
-@dataclass(eq=False)
-class _Feeder:
-    """``prepare_batch``'s pipeline: its data stream, the episode spec of the latest
-    call, and the episodes it has in flight (queued or running)."""
-
-    stream: DataStream
-    workflow: Any
-    should_accept_fn: Callable[..., Any] | None
-    group_size: int
-    ahead: int  # episodes to keep queued or running: (eta + 1) * B (AReaL)
-    limit: int  # in flight + accepted results waiting, at most (ahead + B)
-    inflight: set[int] = field(default_factory=set)
-    error: BaseException | None = None  # raised by the dataloader while refilling
 
 
 class RolloutEngine:
@@ -117,7 +103,7 @@ class RolloutEngine:
         self._generated_tokens = 0
         self._segments_resumed = 0  # generation segments re-sent after an abort
         self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
-        self._feeder: _Feeder | None = None
+        self._feeder: Feeder | None = None
         self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
@@ -638,52 +624,13 @@ class RolloutEngine:
         self._feeder = None
 
     def _feeder_for(self, dataloader: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None,
-                    should_accept_fn: Callable[..., Any] | None, group_size: int) -> _Feeder:
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        feeder = self._feeder
-        if feeder is not None and dataloader is not feeder.stream and dataloader is not feeder.stream.source:
-            if not (feeder.stream.exhausted and not feeder.inflight):
-                raise DatasetError(
-                    f"prepare_batch: dataloader is a different object ({type(dataloader).__name__}) than the one "
-                    f"this engine streams from ({feeder.stream!r}); pass the same object every call (a new list "
-                    "per call would restart at item 0), call engine.reset_data_stream() to switch, or use "
-                    "rollout_batch(items) for a fixed set of items")
-            feeder = None
-        wf = self._resolve(workflow, workflow_kwargs)
-        if feeder is None:
-            stream = dataloader if isinstance(dataloader, DataStream) else DataStream(dataloader)
-            if self._restored_data_position is not None and not isinstance(dataloader, DataStream):
-                stream.load_state_dict(self._restored_data_position)  # continue where the checkpoint was
-                self._restored_data_position = None
-            B, eta = self.config.consumer_batch_size, self.config.max_head_offpolicyness
-            ahead = (eta + 1) * B if eta is not None else max(B, self.config.max_concurrent_rollouts)
-            feeder = self._feeder = _Feeder(stream, wf, should_accept_fn, group_size, ahead, ahead + B)
-        feeder.workflow, feeder.should_accept_fn, feeder.group_size = wf, should_accept_fn, group_size
-        return feeder
+                    should_accept_fn: Callable[..., Any] | None, group_size: int) -> Feeder:
+        return feeder_for(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
 
     def _refill(self) -> None:
-        """Submit from ``prepare_batch``'s dataloader while its pipeline has room (sync:
-        called after a batch is taken and as each episode ends)."""
-        feeder = self._feeder
-        if feeder is None or self._closed or self._breaker.open or feeder.error is not None:
-            return
-        while (len(feeder.inflight) < feeder.ahead
-               and len(feeder.inflight) + self._buffer.accepted_results < feeder.limit):
-            try:
-                ok, item = feeder.stream.take()
-            except Exception as exc:  # the user's dataloader raised: prepare_batch re-raises it
-                feeder.error = exc
-                self._buffer.wake_consumers()
-                return
-            if not ok:
-                self._buffer.wake_consumers()  # a waiting prepare_batch may be drained now
-                return
-            feeder.inflight.add(self.submit(item, feeder.workflow, should_accept_fn=feeder.should_accept_fn,
-                                            group_size=feeder.group_size))
-        self._admit_now()
+        refill(self)
 
-    def _raise_feeder_error(self, feeder: _Feeder) -> None:
+    def _raise_feeder_error(self, feeder: Feeder) -> None:
         if feeder.error is not None:
             exc, feeder.error = feeder.error, None
             raise exc

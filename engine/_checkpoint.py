@@ -104,7 +104,7 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
                       should_accept_fn: Any) -> list[int]:
     """See :meth:`engine.RolloutEngine.load_state_dict`."""
     from .buffer import ResultBuffer
-    from .executor import EpisodeResult
+    from ._records import EpisodeResult
 
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__

@@ -4,7 +4,6 @@ helpers that turn an exception raised inside an episode into a failed result."""
 
 from __future__ import annotations
 
-import contextvars
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import trio
 from tensordict import TensorDict
 
 from .backends.base import BackendStatistics
+from .episode_context import episode_id, sample_index
 from .errors import failure_reason
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -22,12 +22,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
 __all__ = ["EngineStatistics", "EpisodeResult", "Task", "episode_id", "failed_result", "is_cancellation",
            "leaf_exception", "raised_at", "sample_index"]
 
-#: Inside ``arun_episode``: this member's sample index within its group (0 for
-#: ``group_size=1``).  Workflows may read it, e.g. to vary a per-sample seed.
-sample_index: contextvars.ContextVar[int] = contextvars.ContextVar("sample_index", default=0)
-#: Inside an episode: its task id (remote backends route every request of an
-#: episode to the same server, to reuse its prefix cache).
-episode_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("episode_id", default=None)
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class _TrackedWorkflow:
         return getattr(self._inner, name)
 
     async def arun_episode(self, engine: Any, data: Any) -> Any:
-        from .executor import episode_id
+        from .episode_context import episode_id
 
         task_id = episode_id.get()
         if task_id is None:  # not inside an engine episode: nothing to attribute

@@ -104,7 +104,7 @@ def sample_gconfig(gconfig: Any, sample: int, *extra: int) -> Any:
     """
     if gconfig.seed is None:
         return gconfig
-    from engine.executor import episode_id, sample_index
+    from engine.episode_context import episode_id, sample_index
     from engine.types import derive_seed
 
     return gconfig.new(seed=derive_seed(gconfig.seed, episode_id.get(), sample_index.get(), sample, *extra))

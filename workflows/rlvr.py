@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from engine.data import concat_padded_tensors
-from engine.executor import episode_id, sample_index
+from engine.episode_context import episode_id, sample_index
 from engine.imports import resolve_reward_fn
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed

@@ -432,6 +432,8 @@ async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.
                                                    interval_s=args.progress_interval,
                                                    metrics_port=args.metrics_port,
                                                    metrics_host=args.metrics_host) as monitor:
+                                if args.metrics_port is not None:  # (port 0: the one the OS chose)
+                                    print(f"rollout: metrics at {monitor.metrics_url}", file=sys.stderr, flush=True)
                                 tracked = monitor.track(workflow)  # episode starts and tokens, for the view
                                 for i in todo:
                                     engine.submit(items[i], tracked, group_size=args.group_size, task_id=i)

@@ -156,6 +156,7 @@ async def observe_run(engine: Any, *, total: int, out: Path | None, append: bool
         if metrics_port is None:
             yield monitor
         else:
-            async with open_metrics_server(monitor, metrics_port, metrics_host):
+            async with open_metrics_server(monitor, metrics_port, metrics_host) as bound:
+                monitor.metrics_url = f"http://{metrics_host}:{bound}/metrics"
                 yield monitor
         nursery.cancel_scope.cancel()

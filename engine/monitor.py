@@ -166,6 +166,7 @@ class RunMonitor:
         self.engine = engine
         self.total = total
         self.top = top
+        self.metrics_url: str | None = None  # set by engine.metrics.observe_run when it serves metrics
         self.start = trio.current_time()
         self._live: dict[int, _Live] = {}
         self._ended_timing: dict[int, EpisodeTiming] = {}

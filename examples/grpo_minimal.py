@@ -61,11 +61,7 @@ def grpo_loss(model: torch.nn.Module, batch, temperature: float, clip_eps: float
 
 
 def _model_path(spec: str, tmp: Path) -> str:
-    if spec == "builtin:tiny":
-        from engine.testing import build_tiny_model
-
-        return build_tiny_model(tmp / "tiny")
-    from engine.models import resolve_model
+    from engine.models import resolve_model  # builtin:tiny, builtin:smollm2, a folder or a hub id
 
     return resolve_model(spec)
 

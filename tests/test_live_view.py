@@ -203,6 +203,7 @@ def test_rollout_run_serves_prometheus_metrics_during_the_run_and_logs_progress(
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     progress = [line for line in err.splitlines() if line.startswith("rollout progress: ")]
     assert progress and "ended 6/6 (ok 6, rej 0, fail 0)" in progress[-1], err
+    assert f"rollout: metrics at http://127.0.0.1:{port}/metrics" in err  # said even for --metrics-port 0
 
 
 @pytest.mark.slow

@@ -279,3 +279,31 @@ async def test_256_simultaneous_sessions_on_the_sim_are_all_accounted():
     for r in results:  # each concat row: two sampled turns, the reward the agent set
         assert r.trajectory["num_turns"].tolist() == [2]
         assert r.trajectory["rewards"].tolist() == [float(r.data["i"] % 2)]
+
+
+async def test_a_trainer_can_wait_for_sessions_before_any_client_started_one():
+    """Regression (new-user trial): the documented recipe called engine.wait(n) right after
+    opening the proxy, which raises before any session exists."""
+    tok = build_tiny_tokenizer()
+    backend = ScriptedBackend(tok, ["#### 5", "#### 4"])
+    async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:
+        async with open_openai_proxy(engine, tok) as proxy, httpx.AsyncClient(base_url=proxy.url) as http:
+            with pytest.raises(TimeoutError, match="0 started"):
+                await proxy.wait_episodes(1, timeout=0.05)
+            got = []
+
+            async def trainer():
+                got.extend(await proxy.wait_episodes(2))
+
+            async def agent():
+                for _ in range(2):
+                    s = await start(http, {"answer": "#### 5"})
+                    await sdk(proxy, s["api_key"]).chat.completions.create(model="default", messages=QUESTION)
+                    await http.post("/rl/set_reward", json={"reward": 1.0}, headers=bearer(s))
+                    await http.post("/rl/end_session", json={}, headers=bearer(s))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trainer)
+                await trio.testing.wait_all_tasks_blocked()  # the trainer waits before any session exists
+                nursery.start_soon(agent)
+    assert len(got) == 2 and all(t is not None and t["rewards"].tolist() == [1.0] for t in got)

@@ -9,7 +9,7 @@
             #   AsyncOpenAI(base_url=proxy.base_url, api_key=api_key).chat.completions.create(...)
             #   POST {proxy.url}/rl/set_reward   {"reward": 1.0}              (bearer: the session key)
             #   POST {proxy.url}/rl/end_session  {"discount": 0.9, "style": "concat"}
-            batch = await engine.wait(count=n)   # the sessions' episodes, as trajectories
+            trajs = await proxy.wait_episodes(n)  # the next n sessions' episodes (None: not accepted)
 
 The server is hypercorn's trio worker serving a Starlette app inside the
 caller's trio loop (the engine's), bound to ``127.0.0.1`` (port 0 = any free
@@ -49,6 +49,8 @@ requests count in ``EngineStatistics.retokenization_drifts`` when its episode en
 """
 
 from __future__ import annotations
+
+import collections
 
 import functools
 import hmac
@@ -251,10 +253,40 @@ class OpenAIProxy:
         self._by_key: dict[str, ProxySession] = {}
         self._counts = {"started": 0, "ended": 0, "abandoned": 0, "requests": 0, "request_errors": 0}
         self._closed = False
+        self._unclaimed: collections.deque[int] = collections.deque()  # task ids of sessions, for wait_episodes
+        self._session_started = trio.lowlevel.ParkingLot()
+        self._taken: dict[int, Any] = {}  # episodes taken from the engine by a wait_episodes that timed out
 
     @property
     def base_url(self) -> str:
         return self.url + "/v1"
+
+    async def wait_episodes(self, count: int, timeout: float | None = None) -> list[Any]:
+        """Wait for the next ``count`` sessions (in the order they started, including
+        sessions not started yet) to end, and take their episodes from the engine:
+        the trajectory of each accepted one, ``None`` for a rejected or failed one
+        (e.g. ``session_abandoned``).  Unlike ``engine.wait(count)``, it may be called
+        before any client has started a session.
+
+        Raises:
+            ValueError: ``count < 0``.
+            TimeoutError: ``timeout`` seconds passed; sessions not yet taken stay
+                claimable by the next call.
+        """
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            while len(self._unclaimed) < count:
+                await self._session_started.park()
+            ids = [self._unclaimed[i] for i in range(count)]
+            for task_id in ids:  # taken ones are kept here, so a timeout loses nothing
+                if task_id not in self._taken:
+                    self._taken[task_id] = await self.engine.wait_for_task(task_id)
+            for _ in ids:
+                self._unclaimed.popleft()
+            return [self._taken.pop(task_id).trajectory for task_id in ids]
+        raise TimeoutError(f"wait_episodes: {count} sessions did not end within {timeout} s "
+                           f"({len(self._unclaimed)} started and not yet returned)")
 
     def statistics(self) -> ProxyStatistics:
         """A snapshot; sync and cheap."""
@@ -282,6 +314,8 @@ class OpenAIProxy:
         session = ProxySession(session_id=f"sess-{os.urandom(8).hex()}", api_key=f"sk-session-{os.urandom(16).hex()}",
                                data={} if data is None else data)
         session.task_id = self.engine.submit(session.data, _SessionEpisode(self, session))
+        self._unclaimed.append(session.task_id)
+        self._session_started.unpark_all()
         session.client = EngineOpenAI(self.engine, self.tokenizer, gconfig=cfg.gconfig, tool_parser=cfg.tool_parser,
                                       chat_template_kwargs=cfg.chat_template_kwargs, cache=session.cache,
                                       model=cfg.model, metadata={"routing_key": f"episode-{session.task_id}"})

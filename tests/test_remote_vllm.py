@@ -268,13 +268,15 @@ def other_weights(vllm, tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.xfail(strict=True, reason="known gap (2026-11-30): after /collective_rpc reload_weights on vLLM 0.32 CPU "
+                   "the server samples from neither the new weights (max logprob diff 1.56) nor the old (0.53)")
 async def test_engine_update_weights_mid_generation(vllm, other_weights, reward_pool):
     """``engine.update_weights(folder, version=1)`` during 4 generations on the real server
     (pause abort, /collective_rpc reload_weights, /update_weight_version, resume): every one
     completes, versions show the boundary, tokens after it come from the new weights."""
     url, model_dir = vllm
     backend = backend_for(url)
-    n = 600
+    n = 900  # (the server's --max-model-len is 1024)
     prompts = [PROMPT + [97 + i] for i in range(4)]
     responses = {}
     with trio.fail_after(300):
@@ -283,10 +285,15 @@ async def test_engine_update_weights_mid_generation(vllm, other_weights, reward_
                 responses[i] = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=G(
                     max_new_tokens=n, ignore_eos=True)))
 
+            # the server's metrics lag behind generations this short (~1 s): time one generation
+            # alone, then update a third of the way into four concurrent ones
+            start = trio.current_time()
+            await engine.agenerate(ModelRequest(input_ids=prompts[0], gconfig=G(max_new_tokens=n, ignore_eos=True)))
+            alone_s = trio.current_time() - start
             async with trio.open_nursery() as nursery:
                 for i in range(4):
                     nursery.start_soon(one, i)
-                await wait_for(url, lambda s: s["running"] >= 4 and s["generated"] >= 40, "decoding under way")
+                await trio.sleep(alone_s / 3)
                 await engine.update_weights(other_weights, version=1)
     assert engine.version == 1 and backend.statistics().weight_updates == 1
     mid = 0
@@ -303,3 +310,24 @@ async def test_engine_update_weights_mid_generation(vllm, other_weights, reward_
             assert (lp[k:] - new).abs().max().item() < 0.03  # re-prefilled and decoded by the new weights
         mid += 0 < k < n
     assert mid >= 1
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (2026-11-30): after /collective_rpc reload_weights on vLLM 0.32 CPU "
+                   "the server samples from neither the new weights (max logprob diff 1.56) nor the old (0.53)")
+async def test_after_update_weights_the_server_samples_from_the_new_weights(vllm, other_weights, reward_pool):
+    """No timing involved: update, then generate; the logprobs must be the new weights'."""
+    url, model_dir = vllm
+    backend = backend_for(url)
+    g = G(max_new_tokens=32, ignore_eos=True)
+    with trio.fail_after(300):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            before = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
+            await engine.update_weights(other_weights, version=engine.version + 1)
+            after = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
+    old, _ = teacher_forced(model_dir, PROMPT, before.output_tokens)
+    assert (torch.tensor(before.output_logprobs) - old).abs().max().item() < 0.03
+    new, _ = teacher_forced(other_weights, PROMPT, after.output_tokens)
+    stale, _ = teacher_forced(model_dir, PROMPT, after.output_tokens)
+    lp = torch.tensor(after.output_logprobs)
+    assert (lp - new).abs().max().item() < 0.03, ((lp - new).abs().max().item(), (lp - stale).abs().max().item())
+

@@ -49,3 +49,15 @@ class InProcessRewardPool:
 @pytest.fixture
 def reward_pool():
     return InProcessRewardPool()
+
+
+def run_cli(args, capsys):
+    """Run ``rollout`` in-process: ``(exit code, stdout, stderr)``."""
+    from engine.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

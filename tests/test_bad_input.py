@@ -18,21 +18,15 @@ from tensordict import TensorDict
 
 import reward_fixtures as fx
 from engine import DatasetError, InvalidRequestError, MockBackend, ModelResponse, RewardError, open_rollout_engine
-from engine.cli import main
 from engine.datasets import load_dataset
 from engine.types import GenerationHyperparameters
 from rewards import gsm8k_reward, open_reward_pool
+from conftest import run_cli
 
 ARGS = ("prompt", "completion", [1, 2], [3])
 
 
-def _cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+_cli = run_cli
 
 
 def _one_line(err):

@@ -20,10 +20,10 @@ from contextlib import contextmanager
 import pytest
 import trio
 
-from engine.cli import main
 from engine.serve import HTTPResponse, serve_http
 from engine.testing import build_tiny_model
 from fake_servers import FakeSGLang
+from conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -60,13 +60,7 @@ def serving(handler):
         thread.join(30)
 
 
-def _cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+_cli = run_cli
 
 
 def _error_lines(err):

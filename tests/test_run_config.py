@@ -11,19 +11,14 @@ import json
 
 import pytest
 
-from engine.cli import build_parser, main
+from engine.cli import build_parser
 from engine.config_file import ConfigError, config_dict, merge_config_file, tomllib
+from conftest import run_cli
 
 TIMING = ("wall_seconds", "startup_seconds", "generated_tokens_per_second", "reward_statistics", "backend_statistics")
 
 
-def _cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+_cli = run_cli
 
 
 def _untimed(summary):

@@ -16,11 +16,11 @@ import logging
 import datasets
 import pytest
 
-from engine.cli import main
 from engine.errors import DatasetError
 from engine.hf_datasets import DataSpec, load_items, render_template
 from rewards.exact_match import exact_match_reward, normalize
 from rewards.math import math_reward
+from conftest import run_cli
 
 MATH_ROWS = [
     {"problem": "What is 1+1?", "solution": "So the answer is \\boxed{2}."},
@@ -30,13 +30,7 @@ MATH_ROWS = [
 ]
 
 
-def _cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+_cli = run_cli
 
 
 def _rows(out):

@@ -169,7 +169,11 @@ class RayRewardPool(RewardPool):
         """
         actors = self._ctx
         ray = actors.ray
-        actor = await actors.get()
+        try:
+            actor = await actors.get()
+        except ray.exceptions.RayActorError as exc:  # died while starting
+            self._worker_deaths += 1
+            raise trio_parallel.BrokenWorkerError(f"Ray reward actor died at start: {exc}") from None
         actors.running += 1
         keep = False
         try:
@@ -190,7 +194,7 @@ class RayRewardPool(RewardPool):
             keep = True
         finally:
             actors.running -= 1
-            if keep:
+            if keep and not self._closed:
                 actors.idle.append(actor)
             else:
                 actors.kill(actor)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 __all__ = ["EngineConfig", "STALENESS_POLICIES"]
 
 STALENESS_POLICIES = ("drop", "flag")
+REWARD_BACKENDS = ("local", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,11 @@ class EngineConfig:
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
         reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
             reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
+        reward_backend: ``"local"`` (worker processes of this machine) or ``"ray"``
+            (Ray actors, :func:`rewards._ray_pool.open_ray_reward_pool`; needs the
+            ``ray`` extra; ``reward_worker_type`` is then unused).
+        reward_ray_address: the Ray cluster of ``reward_backend="ray"``; None: the
+            Ray this process already initialised, else a local one.
         failure_breaker_consecutive, failure_breaker_window, failure_breaker_rate:
             bounded failure (:mod:`engine._breaker`): stop refilling
             :meth:`RolloutEngine.prepare_batch`'s pipeline, and make it raise
@@ -67,6 +73,8 @@ class EngineConfig:
     reward_worker_type: str = "spawn"
     reward_batch_size: int = 1
     reward_max_batch_delay_s: float = 0.0
+    reward_backend: str = "local"
+    reward_ray_address: str | None = None
     gc_tuning: bool = False
     failure_breaker_consecutive: int | None = 32
     failure_breaker_window: int = 256
@@ -86,6 +94,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if self.reward_backend not in REWARD_BACKENDS:
+            raise ValueError(f"reward_backend must be one of {REWARD_BACKENDS}, got {self.reward_backend!r}")
         if self.reward_max_retries < 0:
             raise ValueError(f"reward_max_retries must be >= 0, got {self.reward_max_retries}")
         if self.failure_breaker_consecutive is not None and self.failure_breaker_consecutive < 1:

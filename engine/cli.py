@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write one JSONL record per trajectory under DIR/<version>/")
     run.add_argument("--reward-timeout", type=_positive_float, default=15.0,
                      help="seconds per reward attempt before its worker is killed (default 15)")
+    run.add_argument("--reward-backend", choices=("local", "ray"), default="local",
+                     help="where sync rewards run: local worker processes, or Ray actors (pip install "
+                          "'trio-rollout[ray]'; default local)")
+    run.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="Ray cluster for --reward-backend ray (default: start a local Ray)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
     run.add_argument("--resume", type=Path, default=None, metavar="DIR",
@@ -472,7 +477,9 @@ def _engine_config(args: argparse.Namespace) -> Any:
     return EngineConfig(max_concurrent_rollouts=args.concurrency, reward_timeout_seconds=args.reward_timeout,
                         consumer_batch_size=args.consumer_batch_size or 1,
                         max_head_offpolicyness=args.max_head_offpolicyness,
-                        dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True)
+                        dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True,
+                        reward_backend=getattr(args, "reward_backend", "local"),
+                        reward_ray_address=getattr(args, "ray_address", None))
 
 
 async def _collect(engine: Any, writer: Any, total: int, *, step_every: int | None,

@@ -10,6 +10,8 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
   optional micro-batching; :func:`current_reward_pool`,
   :func:`collect_reward_outcomes` (per-episode fallback flag).
 - :class:`RewardActor`: ``setup()`` once per worker process, then calls.
+- ``rewards._ray_pool.open_ray_reward_pool``: the same pool with Ray actors as
+  workers (``EngineConfig(reward_backend="ray")``; the ``ray`` extra).
 - :class:`AsyncRewardWrapper`: AReaL's awaitable wrapper on our pool.
 - Built-in rewards: :func:`gsm8k_reward` (``rewards.gsm8k``), :func:`math_reward`
   (``rewards.math``, math-verify), :func:`format_reward` / :func:`weighted_sum`

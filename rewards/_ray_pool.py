@@ -1,0 +1,306 @@
+"""A reward pool whose workers are Ray actors (``reward_backend="ray"``).
+
+Same API and policy as :func:`rewards.open_reward_pool` (see :mod:`rewards._pool`:
+per-attempt timeout, ``max_retries`` retries, flagged fallback after the last
+timeout, :data:`~rewards._pool.DETERMINISTIC_ERRORS` raised at once, ``async def``
+rewards in-process, micro-batching); the class is a :class:`~rewards.RewardPool`
+whose worker half runs in Ray actors instead of trio-parallel processes:
+
+* Each worker is a Ray actor (:class:`_RewardWorker`, ``max_concurrency=1``)
+  running :func:`rewards._worker.run_job` on the same pickled jobs, so a
+  :class:`~rewards.RewardActor`'s ``setup()`` runs once per Ray actor (its
+  registry lives in the actor's process).  Actors are created when needed, up to
+  ``max_workers``, each with ``num_cpus``/``num_gpus`` (Ray resources).
+* Starting an actor is not timed by ``timeout_seconds`` (Ray actor start is
+  0.1-3 s); it gets ``actor_start_timeout_s`` and raises
+  :class:`~engine.errors.RewardError` past it (no node has the resources).
+* A timed-out or cancelled attempt kills its actor's process (``ray.kill``,
+  which also ends the running Ray task) and a fresh actor replaces it at the
+  next job; a dead actor (``RayActorError``: crash, ``os._exit``, OOM) counts as
+  a worker death and the call is retried like a dead local worker.
+* trio never blocks on Ray: an object ref is awaited with
+  ``trio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True)``; a
+  cancelled wait kills the actor, which ends the abandoned ``ray.get``.
+
+Ray is an optional extra (``pip install trio-rollout[ray]``); it is imported
+only when a Ray pool is opened.  Without ``address``, ``ray.init`` starts a
+local Ray (no dashboard, ``log_to_driver=False``, ``num_cpus`` just enough for
+``max_workers`` actors, the workers' code search path set to this process's
+``sys.path``) unless Ray is already initialised in this process; the pool shuts
+down only a Ray it started itself.  On a cluster (``address``) the reward's
+module must be importable in the workers (installed, or a Ray runtime env).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import trio_parallel
+
+from engine.errors import RewardError
+
+from . import _worker
+from ._outcome import _CURRENT_POOL
+from ._pool import RewardPool, _Timeout, _batching, _validate, default_max_workers
+
+__all__ = ["RayRewardPool", "open_ray_reward_pool"]
+
+
+class _RewardWorker:
+    """The Ray actor body: runs pool jobs in its own process (one at a time)."""
+
+    def __init__(self) -> None:
+        _worker.init_worker()  # own process group + guardian: the reward's children die with the actor
+
+    def ready(self) -> bool:
+        return True
+
+    def call(self, function: Any, *args: Any) -> tuple[bool, Any]:
+        """``(True, function(*args))``, or ``(False, exception)`` if it raised
+        (the exception made picklable, so its type survives for the policy)."""
+        try:
+            return True, function(*args)
+        except Exception as exc:
+            return False, _worker._portable(exc)
+
+
+class _WorkerStatistics:
+    __slots__ = ("idle_workers", "running_workers")
+
+    def __init__(self, running_workers: int, idle_workers: int) -> None:
+        self.running_workers = running_workers
+        self.idle_workers = idle_workers
+
+
+class _RayActors:
+    """The pool's Ray actors: idle ones, running count; makes and kills them."""
+
+    def __init__(self, ray: Any, actor_class: Any, options: dict[str, Any], start_timeout_s: float) -> None:
+        self.ray = ray
+        self._actor_class = actor_class
+        self._options = options
+        self._start_timeout_s = start_timeout_s
+        self.idle: list[Any] = []
+        self.running = 0
+        self.started = 0  # actors created over the pool's life
+
+    def statistics(self) -> _WorkerStatistics:
+        return _WorkerStatistics(self.running, len(self.idle))
+
+    async def get(self) -> Any:
+        """An idle actor, or a new one once it is ready (not timed by the attempt)."""
+        if self.idle:
+            return self.idle.pop()
+        actor = self._actor_class.options(**self._options).remote()
+        self.started += 1
+        try:
+            with trio.move_on_after(self._start_timeout_s) as scope:
+                await await_ref(self.ray, actor.ready.remote())
+        except BaseException:
+            self.kill(actor)
+            raise
+        if scope.cancelled_caught:
+            self.kill(actor)
+            raise RewardError(
+                f"no Ray reward actor started within {self._start_timeout_s} s (options {self._options}; "
+                "does the Ray cluster have these resources free?)"
+            )
+        return actor
+
+    def kill(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor, no_restart=True)
+        except Exception:  # already dead
+            pass
+
+    def close(self) -> None:
+        for actor in self.idle:
+            self.kill(actor)
+        self.idle.clear()
+
+
+async def await_ref(ray: Any, ref: Any) -> Any:
+    """``ray.get(ref)`` in a thread, never blocking trio; a cancelled wait abandons the thread
+    (the caller kills the actor, which ends that ``ray.get``)."""
+    return await trio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True, limiter=_THREADS)
+
+
+class _Unbounded:
+    """Thread limiter: the pool's own worker slots bound the waits already."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        return None
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        return None
+
+
+_THREADS: Any = _Unbounded()
+
+
+class RayRewardPool(RewardPool):
+    """A :class:`~rewards.RewardPool` whose sync rewards run in Ray actors.
+
+    Create it with :func:`open_ray_reward_pool`.  ``worker_type`` is ``"ray"``.
+    """
+
+    _ctx: _RayActors
+
+    async def _run_job(self, function: Any, *args: Any, timeout: float) -> Any:
+        """``function(*args)`` in a Ray actor (slot already held); kill the actor on
+        timeout or cancellation.
+
+        Raises:
+            _Timeout: the job ran past ``timeout``; its actor was killed.
+            trio_parallel.BrokenWorkerError: the actor's process died.
+            Exception: what ``function`` raised in the actor.
+        """
+        actors = self._ctx
+        ray = actors.ray
+        try:
+            actor = await actors.get()
+        except ray.exceptions.RayActorError as exc:  # died while starting
+            self._worker_deaths += 1
+            raise trio_parallel.BrokenWorkerError(f"Ray reward actor died at start: {exc}") from None
+        actors.running += 1
+        keep = False
+        try:
+            ref = actor.call.remote(function, *args)
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    ok, value = await await_ref(ray, ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._worker_deaths += 1
+                    raise trio_parallel.BrokenWorkerError(f"Ray reward actor died: {exc}") from None
+                except trio.Cancelled:
+                    if not scope.cancel_called:  # the caller was cancelled, not our timeout
+                        self._workers_killed += 1
+                    raise
+            if scope.cancelled_caught:
+                self._workers_killed += 1
+                raise _Timeout
+            keep = True
+        finally:
+            actors.running -= 1
+            if keep and not self._closed:
+                actors.idle.append(actor)
+            else:
+                actors.kill(actor)
+        if not ok:
+            raise value
+        return value
+
+
+def local_job_config(ray: Any) -> Any:
+    """A ``JobConfig`` whose workers search this process's ``sys.path`` for code (the
+    reward's module, ``rewards``): a local Ray's workers do not inherit it otherwise."""
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    return ray.job_config.JobConfig(code_search_path=[p for p in dict.fromkeys(paths) if os.path.isdir(p)])
+
+
+def _init_ray(ray: Any, address: str | None, num_cpus: float) -> bool:
+    """Initialise Ray unless it is; True if this call started it."""
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, job_config=local_job_config(ray))
+    return True
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError(
+            "reward_backend='ray' needs Ray: pip install 'trio-rollout[ray]' (ray>=2.40)"
+        ) from exc
+    return ray
+
+
+@asynccontextmanager
+async def open_ray_reward_pool(
+    *,
+    max_workers: int | None = None,
+    timeout_seconds: float = 15.0,
+    max_retries: int = 3,
+    fallback_reward: float = 0.0,
+    batch_size: int = 1,
+    max_batch_delay_s: float = 0.0,
+    address: str | None = None,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    actor_start_timeout_s: float = 120.0,
+) -> AsyncIterator[RayRewardPool]:
+    """Open a :class:`RayRewardPool` whose actors live as long as the ``async with`` block.
+
+    Args:
+        max_workers, timeout_seconds, max_retries, fallback_reward, batch_size,
+            max_batch_delay_s: as in :func:`rewards.open_reward_pool`
+            (``max_workers``: Ray actors at most).
+        address: a Ray cluster to connect to (``ray.init(address=...)``); None
+            starts a local Ray, unless this process has initialised Ray already
+            (then that one is used).
+        num_cpus, num_gpus: Ray resources each actor holds (floats, >= 0).
+        actor_start_timeout_s: seconds to wait for a new actor to start.
+
+    Raises:
+        ValueError: an argument is out of range (the message names it).
+        RuntimeError: Ray is not installed.
+
+    On exit the pool is closed and its actors killed; a Ray started here is shut down.
+    """
+    if max_workers is None:
+        max_workers = default_max_workers()
+    _validate(max_workers, timeout_seconds, max_retries, fallback_reward, "spawn", batch_size, max_batch_delay_s)
+    for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not (isinstance(actor_start_timeout_s, (int, float)) and actor_start_timeout_s > 0):
+        raise ValueError(f"actor_start_timeout_s must be a number > 0, got {actor_start_timeout_s!r}")
+    ray = _import_ray()
+    local_cpus = max(1, math.ceil(max_workers * num_cpus))
+    started = await trio.to_thread.run_sync(_init_ray, ray, address, local_cpus)
+    actor_class = ray.remote(_RewardWorker)
+    options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1, "max_restarts": 0}
+    actors = _RayActors(ray, actor_class, options, float(actor_start_timeout_s))
+    pool = RayRewardPool(
+        context=actors,  # type: ignore[arg-type]
+        max_workers=max_workers,
+        timeout_seconds=float(timeout_seconds),
+        max_retries=max_retries,
+        fallback_reward=float(fallback_reward),
+        worker_type="ray",
+        batch_size=batch_size,
+        max_batch_delay_s=float(max_batch_delay_s),
+    )
+    token = _CURRENT_POOL.set(pool)
+    try:
+        if batch_size == 1:
+            yield pool
+        else:
+            async with _batching(pool) as batching_pool:
+                yield batching_pool
+    finally:
+        pool._closed = True
+        actors.close()
+        try:
+            _CURRENT_POOL.reset(token)
+        except ValueError:  # exited in another context than it was entered in
+            pass
+        if started:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(ray.shutdown)

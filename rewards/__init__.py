@@ -11,6 +11,8 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
   :func:`collect_reward_outcomes` (per-episode fallback flag).
 - :class:`RewardActor`: ``setup()`` once per worker process, then calls.
 - :class:`AsyncRewardWrapper`: AReaL's awaitable wrapper on our pool.
+- :class:`TokenText` / :func:`tokenizer_file`: text sent as token ids and decoded
+  where the reward runs (``rewards._text``).
 - Built-in rewards: :func:`gsm8k_reward` (``rewards.gsm8k``), :func:`math_reward`
   (``rewards.math``, math-verify), :func:`format_reward` / :func:`weighted_sum`
   (``rewards.format``), :func:`code_reward` (``rewards.code``).
@@ -26,6 +28,7 @@ __all__ = [
     "RewardOutcome",
     "RewardPool",
     "RewardPoolStatistics",
+    "TokenText",
     "code_reward",
     "collect_reward_outcomes",
     "current_reward_pool",
@@ -34,6 +37,7 @@ __all__ = [
     "gsm8k_reward",
     "math_reward",
     "open_reward_pool",
+    "tokenizer_file",
     "weighted_sum",
 ]
 
@@ -43,6 +47,7 @@ _LAZY = {
     "RewardOutcome": "rewards._outcome",
     "RewardPool": "rewards._pool",
     "RewardPoolStatistics": "rewards._outcome",
+    "TokenText": "rewards._worker",
     "code_reward": "rewards.code",
     "collect_reward_outcomes": "rewards._outcome",
     "current_reward_pool": "rewards._outcome",
@@ -51,6 +56,7 @@ _LAZY = {
     "gsm8k_reward": "rewards.gsm8k",
     "math_reward": "rewards.math",
     "open_reward_pool": "rewards._pool",
+    "tokenizer_file": "rewards._text",
     "weighted_sum": "rewards.format",
 }
 
@@ -63,6 +69,8 @@ if TYPE_CHECKING:
         current_reward_pool,
     )
     from ._pool import RewardPool, open_reward_pool
+    from ._text import tokenizer_file
+    from ._worker import TokenText
     from ._wrapper import AsyncRewardWrapper
     from .code import code_reward
     from .format import format_reward, weighted_sum

@@ -1,11 +1,27 @@
-"""Micro-batching: several sync reward calls in one worker job.
+"""Micro-batching: several sync reward calls in one worker job, sized to the load.
 
 One worker round trip costs about 0.2-0.3 ms (pickling, two pipe hops, a
 context switch), which dominates trivial rewards such as a regex check.  With
-``open_reward_pool(batch_size=B)`` (B > 1) the first attempt of each sync call
-goes into a queue; a batcher task takes a worker slot, then drains up to ``B``
-queued calls (waiting up to ``max_batch_delay_s`` for more if the batch is not
-full) and sends them as one job (:func:`rewards._worker.run_batch`).
+``open_reward_pool(batch_size=B)`` (B > 1; the default is
+:data:`DEFAULT_BATCH_SIZE`) the first attempt of each sync call goes into a
+queue; a batcher task takes a worker slot, then sends what is queued as one job
+(:func:`rewards._worker.run_batch`).  The batch size adapts to the load and to
+the reward's cost, with no fixed wait:
+
+* **Low load**: a call that finds a worker free goes at once, alone: it is
+  never held back to wait for batch-mates (unless ``max_batch_delay_s`` > 0
+  asks for that).
+* **Under load**: calls queue while every worker is busy; when a worker frees
+  up, the batcher takes what is waiting, split evenly over the free workers
+  (``ceil(waiting / free workers)`` per job), so batches grow with the backlog.
+* **Cost cap**: a batch carries at most about :data:`BATCH_WORK_S` of reward
+  work: the cap is ``BATCH_WORK_S / mean call time`` (an exponential moving
+  average of the call times the workers measure; the first batch, before any
+  measurement, holds one call), bounded by ``B``.  Cheap rewards (a regex,
+  ~30 us) batch up to ``B``; slow ones (a compiler run, a second) run alone, so
+  one slow call never holds many others.  A batch that times out or loses its
+  worker sets the estimate to its timeout: calls run alone again until fast
+  calls bring it down.
 
 Policy, so that batching never changes a call's result:
 
@@ -38,7 +54,15 @@ from . import _worker
 if TYPE_CHECKING:
     from ._pool import RewardPool
 
-__all__ = ["BatchFailed", "Batcher"]
+__all__ = ["BATCH_WORK_S", "DEFAULT_BATCH_SIZE", "BatchFailed", "Batcher"]
+
+#: The most calls in one worker job by default (``open_reward_pool(batch_size=)``,
+#: ``EngineConfig.reward_batch_size``); the batcher sends fewer when fewer wait
+#: or when the reward is not cheap.
+DEFAULT_BATCH_SIZE = 64
+#: Seconds of reward work one batch carries at most (from the measured mean call time).
+BATCH_WORK_S = 0.02
+_EWMA_WEIGHT = 0.2  # weight of the newest batch in the call-time estimate
 
 
 class BatchFailed(Exception):
@@ -58,16 +82,44 @@ class _Item:
 
 
 class Batcher:
-    """Collects first attempts into batches for a :class:`~rewards.RewardPool`."""
+    """Collects first attempts into batches for a :class:`~rewards.RewardPool`.
+
+    Args:
+        pool: the pool whose worker slots (``pool._limiter``) and jobs
+            (``pool._run_job``) the batches use.
+        nursery: where batches run when the pool has several workers.
+        batch_size: the most calls in one job (>= 2).
+        max_delay_s: seconds a batch may wait for more calls once it holds a
+            worker slot (0: take what is queued and go).
+        work_s: seconds of reward work a batch carries at most (the cost cap).
+    """
 
     def __init__(
-        self, pool: RewardPool, nursery: trio.Nursery, batch_size: int, max_delay_s: float
+        self, pool: RewardPool, nursery: trio.Nursery, batch_size: int, max_delay_s: float,
+        work_s: float = BATCH_WORK_S,
     ) -> None:
         self._pool = pool
         self._nursery = nursery
         self._batch_size = batch_size
         self._max_delay_s = max_delay_s
+        self._work_s = work_s
+        self.call_s: float | None = None  # mean seconds per call (EWMA); None: not measured yet
         self._send, self._receive = trio.open_memory_channel[_Item](math.inf)
+
+    def cap(self) -> int:
+        """The most calls the next batch may carry: ``work_s / call_s`` within
+        ``[1, batch_size]``; 1 before any call has been measured."""
+        if self.call_s is None:
+            return 1
+        if self.call_s <= self._work_s / self._batch_size:
+            return self._batch_size
+        return max(1, min(self._batch_size, int(self._work_s / self.call_s)))
+
+    def _measured(self, per_call_s: float) -> None:
+        if self.call_s is None:
+            self.call_s = per_call_s
+        else:
+            self.call_s += _EWMA_WEIGHT * (per_call_s - self.call_s)
 
     async def run(self, job: bytes, timeout: float) -> tuple[str, Any]:
         """Run one job in a batch; its tagged result (see :mod:`rewards._worker`).
@@ -103,17 +155,20 @@ class Batcher:
                 limiter.acquire_on_behalf_of_nowait(borrower)
             except trio.WouldBlock:
                 await limiter.acquire_on_behalf_of(borrower)
+            # What queued up meanwhile, shared evenly by the free workers, within the cost cap.
+            waiting = 1 + self._receive.statistics().current_buffer_used
+            size = min(self.cap(), -(-waiting // (limiter.available_tokens + 1)))
             batch = [first]
-            while len(batch) < self._batch_size:  # what queued up meanwhile
+            while len(batch) < size:
                 try:
                     item = self._receive.receive_nowait()
                 except trio.WouldBlock:
                     break
                 if not item.abandoned:
                     batch.append(item)
-            if len(batch) < self._batch_size and self._max_delay_s > 0:
+            if len(batch) < size and self._max_delay_s > 0:
                 with trio.move_on_after(self._max_delay_s):
-                    while len(batch) < self._batch_size:
+                    while len(batch) < size:
                         batch.append(await self._next_live())
             if limiter.total_tokens == 1:  # one worker: no other batch can run meanwhile, so run it
                 await self._run_batch(batch, borrower)  # here (one pass of the run queue less per call)
@@ -128,17 +183,21 @@ class Batcher:
                 return
             timeout = min(item.timeout for item in live)
             try:
-                results = await pool._run_job(
+                results, work_s = await pool._run_job(
                     _worker.run_batch, [item.job for item in live], timeout=timeout
                 )
             except Exception:
                 # _Timeout (worker killed), BrokenWorkerError, or a result that
-                # could not be sent back: every call is re-run on its own.
+                # could not be sent back: every call is re-run on its own, and
+                # calls run alone until fast ones bring the estimate down.
                 pool._batch_failures += 1
+                self.call_s = max(self.call_s or 0.0, timeout if math.isfinite(timeout) else self._work_s)
                 for item in live:
                     item.failed = True
             else:
                 pool._batches += 1
+                pool._batched_calls += len(live)
+                self._measured(work_s / len(live))
                 for item, result in zip(live, results):
                     item.result = result
         finally:

@@ -754,10 +754,25 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
 
 
+#: ``rollout bench --backend``: ``sim`` (the simulated server, sides ours/AReaL/naive) or a real
+#: backend (asynchronous vs synchronous batched rollout, :mod:`benchmarks.async_vs_sync`).
+BACKENDS = ("sim", "hf", "sglang", "vllm")
+#: Options shared by both kinds, and what they mean with a real backend (defaults there differ).
+_REAL_MEANING = {"episodes": "real: GSM8K prompts (default 32)",
+                 "concurrency": "real: the synchronous batch and the asynchronous episodes in flight (default 8)",
+                 "max_new_tokens": "real: default 256", "seed": "real: per-request seeds derive from it"}
+
+
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench`` to ``rollout``'s subparsers (options = :class:`BenchConfig` fields)."""
-    p = subparsers.add_parser("bench", help="throughput benchmark on the simulated server, side by side "
-                                            "with AReaL's executor and a naive baseline")
+    """Add ``bench`` to ``rollout``'s subparsers (options = :class:`BenchConfig` fields
+    for ``--backend sim``, plus the real-backend ones of :mod:`benchmarks.async_vs_sync`).
+    Every option defaults to None here: each kind fills in its own defaults."""
+    p = subparsers.add_parser("bench", help="throughput benchmark: on the simulated server side by side with "
+                                            "AReaL's executor and a naive loop (--backend sim), or asynchronous "
+                                            "vs synchronous batched rollout on a real backend (--backend hf|sglang|vllm)")
+    p.add_argument("--backend", default="sim", choices=BACKENDS,
+                   help="sim (default): the simulated server; hf|sglang|vllm: async vs sync rollout on a real "
+                        "model (hf: in this process; sglang|vllm: --server URL)")
     defaults = BenchConfig()
     for f in fields(BenchConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -766,23 +781,53 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
             continue
         kind = _opt_int if "None" in str(f.type) else {"int": int, "float": float, "str": str, "bool": _bool}[str(f.type)]
         extra = _HELP.get(f.name)
-        p.add_argument(flag, type=kind, default=default,
-                       help=f"{extra} (default {default})" if extra else f"(default {default})")
-    p.add_argument("--sides", default=",".join(SIDES),
-                   help=f"comma-separated subset of {','.join(SIDES + EXTRA_SIDES)} (ours_gc: ours with gc_tuning on)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per side, interleaved; the median is reported")
+        text = f"{extra} (default {default})" if extra else f"(default {default})"
+        if f.name in _REAL_MEANING:
+            text += f"; {_REAL_MEANING[f.name]}"
+        p.add_argument(flag, type=kind, default=None, help=text)
+    p.add_argument("--sides", default=None,
+                   help=f"sim: comma-separated subset of {','.join(SIDES + EXTRA_SIDES)} (default {','.join(SIDES)}; "
+                        "ours_gc: ours with gc_tuning on)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per side (or mode), interleaved; medians reported")
     p.add_argument("--areal-python", default=None,
-                   help=f"the AReaL peer venv's python (default {default_areal_python()})")
+                   help=f"sim: the AReaL peer venv's python (default {default_areal_python()})")
     p.add_argument("--out", default="rollout-out/bench.json", help="JSON output (default rollout-out/bench.json)")
+    real = p.add_argument_group("real backends (--backend hf|sglang|vllm)")
+    real.add_argument("--server", action="append", default=[], metavar="URL", help="server URL (sglang|vllm; repeat)")
+    real.add_argument("--model", default=None, help="hf: model spec (default builtin:smollm2); servers: the model "
+                                                    "whose tokenizer to use (default: what they report)")
+    real.add_argument("--dataset", default=None, help="GSM8K-format jsonl (default: the first 64 GSM8K test rows, "
+                                                      "benchmarks/data/gsm8k_test_64.jsonl)")
+    real.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    real.add_argument("--hf-mode", default="continuous", choices=("continuous", "static"),
+                      help="hf serving mode (default continuous: finished rows leave, new ones join)")
+    real.add_argument("--torch-threads", type=int, default=1, help="hf: torch intra-op threads (default 1)")
+    real.add_argument("--server-pid", type=int, default=None, help="a local server's pid: report its CPU (/proc)")
+    real.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per remote request (default 3600)")
+    real.add_argument("--startup-timeout", type=float, default=300.0,
+                      help="seconds to wait for a server at start-up (default 300)")
     return p
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """``rollout bench``: run the sides, print one table, write one JSON; exit status."""
+    """``rollout bench``: run the sides (or, with a real backend, the two modes),
+    print one table, write one JSON; exit status."""
+    if getattr(args, "backend", "sim") != "sim":
+        try:
+            from benchmarks.async_vs_sync import run_from_args
+        except ImportError:  # a checkout whose benchmarks/ is not installed: it lies next to engine/
+            sys.path.insert(0, str(REPO_ROOT))
+            from benchmarks.async_vs_sync import run_from_args
+        return run_from_args(args)
+    real_only = [flag for flag, given in (("--server", args.server), ("--model", args.model),
+                                          ("--dataset", args.dataset), ("--temperature", args.temperature),
+                                          ("--server-pid", args.server_pid)) if given]
     names = {f.name for f in fields(BenchConfig)}
     try:
-        cfg = BenchConfig(**{k: v for k, v in vars(args).items() if k in names})
-        sides = parse_sides(args.sides)
+        if real_only:
+            raise ValueError(f"{real_only[0]} applies to --backend hf|sglang|vllm, not sim")
+        cfg = BenchConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+        sides = parse_sides(args.sides or ",".join(SIDES))
         results = compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
                           log=lambda m: print(m, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:

@@ -16,6 +16,7 @@ the reward worker, off the event loop) when the tokenizer is a plain fast one.
 from __future__ import annotations
 
 import collections
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -62,28 +63,25 @@ def _decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
     return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-def _messages_key(messages: Any) -> tuple | None:
-    """A hashable key for a chat whose messages are dicts of plain values
-    (str, int, float, bool, None); None (do not cache) for anything else,
-    e.g. images or tool calls given as objects."""
-    if not isinstance(messages, list):
+def _messages_key(messages: Any) -> str | None:
+    """A key for a chat whose messages are dicts of plain values (str, int,
+    float, bool, None): the ``repr`` of their items, a string (no tracked
+    objects for the GC to walk); None (do not cache) for anything else, e.g.
+    images or tool calls given as objects."""
+    if type(messages) is not list:
         return None
-    key = []
     for message in messages:
-        if not isinstance(message, dict):
+        if type(message) is not dict:
             return None
-        items = []
-        for name, value in message.items():
+        for value in message.values():
             if value is not None and type(value) not in (str, int, float, bool):
                 return None
-            items.append((name, value))
-        key.append(tuple(items))
-    return tuple(key)
+    return repr([tuple(m.items()) for m in messages])
 
 
 class _Prompt:
-    """A rendered, encoded prompt (cached per item) and its decoded text (made
-    on first need, in-process only when the reward cannot decode it)."""
+    """An episode's prompt ids and, when the reward cannot decode them in its
+    worker, their decoded text (made once per cached item)."""
 
     __slots__ = ("ids", "text")
 
@@ -158,7 +156,8 @@ class RLVRWorkflow(RolloutWorkflow):
         self.enable_thinking = enable_thinking
         self.get_input_ids_fn = get_input_ids_fn
         self.prompt_cache_size = prompt_cache_size if get_input_ids_fn is default_get_input_ids else 0
-        self._prompts: collections.OrderedDict[tuple, _Prompt] = collections.OrderedDict()
+        # key -> (ids as array('l'), decoded text or None): compact, and nothing in it for the GC to walk
+        self._prompts: collections.OrderedDict[tuple, tuple[array, str | None]] = collections.OrderedDict()
         self._sample_cfg = self.gconfig.new(n_samples=1)  # shared by every request (never mutated)
         self._tokenizer_file = tokenizer_file(tokenizer)  # None: decode in-process
 
@@ -169,10 +168,14 @@ class RLVRWorkflow(RolloutWorkflow):
             cached = self._prompts.get(key)
             if cached is not None:
                 self._prompts.move_to_end(key)
-                return cached
+                prompt = _Prompt(cached[0].tolist())
+                prompt.text = cached[1]
+                return prompt
         prompt = _Prompt(list(self.get_input_ids_fn(self.tokenizer, data, self.enable_thinking)))
         if key is not None:
-            self._prompts[key] = prompt
+            if self._tokenizer_file is None:  # decoded in-process: once per item
+                prompt.text = _decode(self.tokenizer, prompt.ids, False)
+            self._prompts[key] = (array("l", prompt.ids), prompt.text)
             if len(self._prompts) > self.prompt_cache_size:
                 self._prompts.popitem(last=False)
         return prompt
@@ -207,7 +210,8 @@ class RLVRWorkflow(RolloutWorkflow):
         if self._tokenizer_file is not None:  # decoded in the reward worker
             completion: Any = TokenText(self._tokenizer_file, resp.output_tokens, skip)
             if isinstance(prompt, _Prompt):
-                prompt = prompt.text if prompt.text is not None else TokenText(self._tokenizer_file, resp.input_tokens, False)
+                prompt = prompt.text if prompt.text is not None else TokenText(
+                    self._tokenizer_file, resp.input_tokens, False)
         else:
             completion = _decode(self.tokenizer, resp.output_tokens, skip)
             if isinstance(prompt, _Prompt):

@@ -309,8 +309,7 @@ async def _open_backend(cfg: RealBenchConfig) -> tuple[Any, Any, dict[str, Any]]
                 torch.set_num_threads(cfg.torch_threads)  # a command owns its process
             path = resolve_model(cfg.model)
             tokenizer = AutoTokenizer.from_pretrained(path)
-            return tokenizer, HFBackend(path, tokenizer, mode=cfg.hf_mode, max_batch_size=cfg.concurrency,
-                                        batch_window_s=0.0)
+            return tokenizer, HFBackend(path, tokenizer, mode=cfg.hf_mode, max_batch_size=cfg.concurrency)
 
         tokenizer, backend = await trio.to_thread.run_sync(load)
         return tokenizer, backend, {"model": cfg.model or "builtin:smollm2", "servers": []}
@@ -473,14 +472,15 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise ValueError(f"--{given[0].replace('_', '-')} applies to --backend sim only")
         if args.sides is not None:
             raise ValueError("--sides applies to --backend sim only (a real backend runs the modes sync and async)")
-        defaults = RealBenchConfig(backend="hf")
+        def given(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        d = RealBenchConfig(backend="hf")
         cfg = RealBenchConfig(
-            backend=args.backend, servers=tuple(args.server), model=args.model,
-            dataset=args.dataset or defaults.dataset,
-            prompts=args.episodes or defaults.prompts, concurrency=args.concurrency or defaults.concurrency,
-            max_new_tokens=args.max_new_tokens or defaults.max_new_tokens,
-            temperature=defaults.temperature if args.temperature is None else args.temperature,
-            seed=defaults.seed if args.seed is None else args.seed, hf_mode=args.hf_mode,
+            backend=args.backend, servers=tuple(args.server), model=args.model, dataset=given(args.dataset, d.dataset),
+            prompts=given(args.episodes, d.prompts), concurrency=given(args.concurrency, d.concurrency),
+            max_new_tokens=given(args.max_new_tokens, d.max_new_tokens),
+            temperature=given(args.temperature, d.temperature), seed=given(args.seed, d.seed), hf_mode=args.hf_mode,
             torch_threads=args.torch_threads, repeats=args.repeats, reward_batch_size=args.reward_batch_size,
             reward_workers=args.reward_workers, server_pid=args.server_pid,
             request_timeout_s=args.request_timeout, startup_timeout_s=args.startup_timeout)

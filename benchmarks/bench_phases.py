@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-s", type=float, default=0.05)
     p.add_argument("--per-token-s", type=float, default=0.002)
     p.add_argument("--tokenizer", default="auto")
-    p.add_argument("--reward-batch-size", type=int, default=16)
+    p.add_argument("--reward-batch-size", type=int, default=None,
+                   help="reward micro-batch cap (default: EngineConfig's, adaptive; 1: off)")
     p.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "bench_phases.json"))
     args = p.parse_args(argv)
 

@@ -78,7 +78,8 @@ def main() -> int:
     p.add_argument("--per-token-s", type=float, default=0.002)
     p.add_argument("--out-len-median", type=int, default=256)
     p.add_argument("--tokenizer", default="auto", help="tiny | smollm2 | auto | a tokenizer folder")
-    p.add_argument("--reward-batch-size", type=int, default=16)
+    p.add_argument("--reward-batch-size", type=int, default=None,
+                   help="reward micro-batch cap (default: EngineConfig's, adaptive; 1: off)")
     p.add_argument("--repeats", type=int, default=1, help="runs per side and point; medians reported")
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
     p.add_argument("--areal-python", default=None)

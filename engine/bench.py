@@ -77,6 +77,9 @@ __all__ = [
 ]
 
 SIDES = ("ours", "areal", "naive")
+#: Sides run on request only: ``ours_gc`` is ours with ``EngineConfig.gc_tuning`` on
+#: (what the opt-in GC tuning is worth, side by side with the default).
+EXTRA_SIDES = ("ours_gc",)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _POOL = 1 << 16  # must match engine.backends.sim._POOL
 
@@ -92,8 +95,10 @@ class BenchConfig:
     built by ``make bench`` or on first use), ``"auto"`` (smollm2 if built, else tiny) or a folder.
     ``reward_workers``: reward worker processes on every side (``None``: each
     side's default, 1 on 2 cores for both).  ``reward_batch_size``: our pool's
-    micro-batch (``EngineConfig.reward_batch_size``, whose default is 1; AReaL has
-    no equivalent: its ``ProcessPoolExecutor`` queues one job ahead per worker).
+    micro-batch cap (``None``: ``EngineConfig().reward_batch_size``, adaptive
+    batching as shipped; 1: none; AReaL has no equivalent: its
+    ``ProcessPoolExecutor`` queues one job ahead per worker).  ``gc_tuning``:
+    ``EngineConfig.gc_tuning`` on our side (off by default, as shipped).
     ``record``: draw by prompt and record the sim's requests, so the work can be
     checked against the plan and the ideal makespan computed (memory grows with
     episodes); the soak turns it off (then the sim draws in dispatch order and
@@ -119,7 +124,8 @@ class BenchConfig:
     max_head_offpolicyness: int | None = None
     tokenizer: str = "auto"
     reward_workers: int | None = None
-    reward_batch_size: int = 16
+    reward_batch_size: int | None = None
+    gc_tuning: bool = False
     window: int | None = None
     seed: int = 0
     record: bool = True
@@ -127,7 +133,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("episodes", "concurrency", "batch_size", "out_len_median", "max_new_tokens", "reward_batch_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
@@ -135,6 +141,15 @@ class BenchConfig:
             raise ValueError(f"window must be >= concurrency ({self.concurrency}), got {self.window}")
         if not self.sample_every_s > 0:
             raise ValueError(f"sample_every_s must be > 0, got {self.sample_every_s}")
+
+    @property
+    def effective_reward_batch_size(self) -> int:
+        """``reward_batch_size``, or the engine's default when None."""
+        if self.reward_batch_size is not None:
+            return self.reward_batch_size
+        from engine.executor import EngineConfig
+
+        return EngineConfig().reward_batch_size
 
     @property
     def effective_window(self) -> int:
@@ -320,17 +335,20 @@ async def _drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
     gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=cfg.max_new_tokens)
     workflow = RLVRWorkflow(gsm8k_reward, gconfig, tokenizer, enable_thinking=False)
     pool_ids = corpus_token_pool(tokenizer, cfg.seed)
-    async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.reward_batch_size) as pool:
+    defaults = EngineConfig()  # the reward pool is opened here (shared with the warm-up) with the engine's settings
+    async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.effective_reward_batch_size,
+                                timeout_seconds=defaults.reward_timeout_seconds, max_retries=defaults.reward_max_retries,
+                                max_batch_delay_s=defaults.reward_max_batch_delay_s) as pool:
         if cfg.warmup:  # a throw-away engine: starts the reward workers, warms caches
             async with open_rollout_engine(SimBackend(sim, token_pool=pool_ids),
-                                           EngineConfig(max_concurrent_rollouts=cfg.concurrency, gc_tuning=True),
+                                           EngineConfig(max_concurrent_rollouts=cfg.concurrency, gc_tuning=cfg.gc_tuning),
                                            reward_pool=pool) as engine:
                 for i in range(cfg.warmup):
                     engine.submit(bench_item(i, warmup=True, seed=cfg.seed), workflow)
                 await engine.wait_results(cfg.warmup)
         backend = SimBackend(sim, record=cfg.record, token_pool=pool_ids)
         config = EngineConfig(max_concurrent_rollouts=cfg.concurrency, consumer_batch_size=cfg.batch_size,
-                              max_head_offpolicyness=cfg.max_head_offpolicyness, gc_tuning=True)
+                              max_head_offpolicyness=cfg.max_head_offpolicyness, gc_tuning=cfg.gc_tuning)
         counts: dict[str, Any] = {"accepted": 0, "rejected": 0, "failed": 0}
         failed_by: dict[str, int] = {}
         stale: dict[int, int] = {}
@@ -480,7 +498,7 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
         counts["accepted"] += len(ok)
         return [trajectory_from_response(resps[i], rewards[i]) for i in ok]
 
-    async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.reward_batch_size) as real_pool:
+    async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.effective_reward_batch_size) as real_pool:
         pool = _TimedPool(real_pool)
         for phase in ("warmup", "measure"):
             backend = SimBackend(sim, record=cfg.record and phase == "measure", token_pool=pool_ids)
@@ -536,9 +554,11 @@ def _side_child_main() -> None:
 
         logging.basicConfig(level=logging.ERROR)
         tokenizer, spec = load_tokenizer(cfg.tokenizer)
-        driver = _drive_ours if side == "ours" else _drive_naive
+        if side == "ours_gc":
+            cfg = replace(cfg, gc_tuning=True)
+        driver = _drive_naive if side == "naive" else _drive_ours
         out = trio.run(driver, cfg, tokenizer)
-        out["tokenizer"] = spec
+        out["side"], out["tokenizer"] = side, spec
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -557,8 +577,8 @@ def run_side(side: str, cfg: BenchConfig, *, plan: list[Any] | None = None, with
         ValueError: unknown side, or the AReaL side cannot run this config.
         RuntimeError: the side's process failed (its stderr tail is in the message).
     """
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    if side not in SIDES + EXTRA_SIDES:
+        raise ValueError(f"side must be one of {SIDES + EXTRA_SIDES}, got {side!r}")
     python, tok_dir = sys.executable, ""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
                TOKENIZERS_PARALLELISM="false")
@@ -699,9 +719,9 @@ def parse_sides(text: str) -> tuple[str, ...]:
         ValueError: a name that is not in :data:`SIDES`, or none at all.
     """
     sides = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    bad = [s for s in sides if s not in SIDES]
+    bad = [s for s in sides if s not in SIDES + EXTRA_SIDES]
     if bad or not sides:
-        raise ValueError(f"unknown side(s) {bad or [text]}; choose from {', '.join(SIDES)}")
+        raise ValueError(f"unknown side(s) {bad or [text]}; choose from {', '.join(SIDES + EXTRA_SIDES)}")
     return sides
 
 
@@ -712,7 +732,8 @@ _HELP = {
     "batch_size": "consumer batch: episodes taken per wait, with a version bump after each",
     "warmup": "episodes run first on a throw-away executor (not measured)",
     "reward_workers": "reward worker processes per side (none: each side's default)",
-    "reward_batch_size": "our reward pool's micro-batch (EngineConfig.reward_batch_size)",
+    "reward_batch_size": "our reward pool's micro-batch cap (none: EngineConfig's default, adaptive; 1: off)",
+    "gc_tuning": "EngineConfig.gc_tuning on our side (0/1; default 0, as shipped)",
     "max_running_seqs": "sim: sequences the server runs at once (none: unbounded)",
 }
 
@@ -721,34 +742,88 @@ def _opt_int(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
 
 
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
+
+
+#: ``rollout bench --backend``: ``sim`` (the simulated server, sides ours/AReaL/naive) or a real
+#: backend (asynchronous vs synchronous batched rollout, :mod:`benchmarks.async_vs_sync`).
+BACKENDS = ("sim", "hf", "sglang", "vllm")
+#: Options shared by both kinds, and what they mean with a real backend (defaults there differ).
+_REAL_MEANING = {"episodes": "real: GSM8K prompts (default 32)",
+                 "concurrency": "real: the synchronous batch and the asynchronous episodes in flight (default 8)",
+                 "max_new_tokens": "real: default 256", "seed": "real: per-request seeds derive from it"}
+
+
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench`` to ``rollout``'s subparsers (options = :class:`BenchConfig` fields)."""
-    p = subparsers.add_parser("bench", help="throughput benchmark on the simulated server, side by side "
-                                            "with AReaL's executor and a naive baseline")
+    """Add ``bench`` to ``rollout``'s subparsers (options = :class:`BenchConfig` fields
+    for ``--backend sim``, plus the real-backend ones of :mod:`benchmarks.async_vs_sync`).
+    Every option defaults to None here: each kind fills in its own defaults."""
+    p = subparsers.add_parser("bench", help="throughput benchmark: on the simulated server side by side with "
+                                            "AReaL's executor and a naive loop (--backend sim), or asynchronous "
+                                            "vs synchronous batched rollout on a real backend (--backend hf|sglang|vllm)")
+    p.add_argument("--backend", default="sim", choices=BACKENDS,
+                   help="sim (default): the simulated server; hf|sglang|vllm: async vs sync rollout on a real "
+                        "model (hf: in this process; sglang|vllm: --server URL)")
     defaults = BenchConfig()
     for f in fields(BenchConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
         if f.name == "record":
             continue
-        kind = _opt_int if "None" in str(f.type) else {"int": int, "float": float, "str": str}[str(f.type)]
+        kind = _opt_int if "None" in str(f.type) else {"int": int, "float": float, "str": str, "bool": _bool}[str(f.type)]
         extra = _HELP.get(f.name)
-        p.add_argument(flag, type=kind, default=default,
-                       help=f"{extra} (default {default})" if extra else f"(default {default})")
-    p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
-    p.add_argument("--repeats", type=int, default=1, help="runs per side, interleaved; the median is reported")
+        text = f"{extra} (default {default})" if extra else f"(default {default})"
+        if f.name in _REAL_MEANING:
+            text += f"; {_REAL_MEANING[f.name]}"
+        p.add_argument(flag, type=kind, default=None, help=text)
+    p.add_argument("--sides", default=None,
+                   help=f"sim: comma-separated subset of {','.join(SIDES + EXTRA_SIDES)} (default {','.join(SIDES)}; "
+                        "ours_gc: ours with gc_tuning on)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per side (or mode), interleaved; medians reported")
     p.add_argument("--areal-python", default=None,
-                   help=f"the AReaL peer venv's python (default {default_areal_python()})")
+                   help=f"sim: the AReaL peer venv's python (default {default_areal_python()})")
     p.add_argument("--out", default="rollout-out/bench.json", help="JSON output (default rollout-out/bench.json)")
+    real = p.add_argument_group("real backends (--backend hf|sglang|vllm)")
+    real.add_argument("--server", action="append", default=[], metavar="URL", help="server URL (sglang|vllm; repeat)")
+    real.add_argument("--model", default=None, help="hf: model spec (default builtin:smollm2); servers: the model "
+                                                    "whose tokenizer to use (default: what they report)")
+    real.add_argument("--dataset", default=None, help="GSM8K-format jsonl (default: the first 64 GSM8K test rows, "
+                                                      "benchmarks/data/gsm8k_test_64.jsonl)")
+    real.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    real.add_argument("--hf-mode", default="continuous", choices=("continuous", "static"),
+                      help="hf serving mode (default continuous: finished rows leave, new ones join)")
+    real.add_argument("--torch-threads", type=int, default=1, help="hf: torch intra-op threads (default 1)")
+    real.add_argument("--server-pid", type=int, default=None, help="a local server's pid: report its CPU (/proc)")
+    real.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per remote request (default 3600)")
+    real.add_argument("--startup-timeout", type=float, default=300.0,
+                      help="seconds to wait for a server at start-up (default 300)")
     return p
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """``rollout bench``: run the sides, print one table, write one JSON; exit status."""
+    """``rollout bench``: run the sides (or, with a real backend, the two modes),
+    print one table, write one JSON; exit status."""
+    if getattr(args, "backend", "sim") != "sim":
+        try:
+            from benchmarks.async_vs_sync import run_from_args
+        except ImportError:  # a checkout whose benchmarks/ is not installed: it lies next to engine/
+            sys.path.insert(0, str(REPO_ROOT))
+            from benchmarks.async_vs_sync import run_from_args
+        return run_from_args(args)
+    real_only = [flag for flag, given in (("--server", args.server), ("--model", args.model),
+                                          ("--dataset", args.dataset), ("--temperature", args.temperature),
+                                          ("--server-pid", args.server_pid)) if given]
     names = {f.name for f in fields(BenchConfig)}
     try:
-        cfg = BenchConfig(**{k: v for k, v in vars(args).items() if k in names})
-        sides = parse_sides(args.sides)
+        if real_only:
+            raise ValueError(f"{real_only[0]} applies to --backend hf|sglang|vllm, not sim")
+        cfg = BenchConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+        sides = parse_sides(args.sides or ",".join(SIDES))
         results = compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
                           log=lambda m: print(m, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:

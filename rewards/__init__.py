@@ -13,6 +13,8 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
 - ``rewards._ray_pool.open_ray_reward_pool``: the same pool with Ray actors as
   workers (``EngineConfig(reward_backend="ray")``; the ``ray`` extra).
 - :class:`AsyncRewardWrapper`: AReaL's awaitable wrapper on our pool.
+- :class:`TokenText` / :func:`tokenizer_file`: text sent as token ids and decoded
+  where the reward runs (``rewards._text``).
 - Built-in rewards: :func:`gsm8k_reward` (``rewards.gsm8k``), :func:`math_reward`
   (``rewards.math``, math-verify), :func:`format_reward` / :func:`weighted_sum`
   (``rewards.format``), :func:`code_reward` (``rewards.code``),
@@ -29,6 +31,7 @@ __all__ = [
     "RewardOutcome",
     "RewardPool",
     "RewardPoolStatistics",
+    "TokenText",
     "code_reward",
     "collect_reward_outcomes",
     "current_reward_pool",
@@ -38,6 +41,7 @@ __all__ = [
     "gsm8k_reward",
     "math_reward",
     "open_reward_pool",
+    "tokenizer_file",
     "weighted_sum",
 ]
 
@@ -47,6 +51,7 @@ _LAZY = {
     "RewardOutcome": "rewards._outcome",
     "RewardPool": "rewards._pool",
     "RewardPoolStatistics": "rewards._outcome",
+    "TokenText": "rewards._worker",
     "code_reward": "rewards.code",
     "collect_reward_outcomes": "rewards._outcome",
     "current_reward_pool": "rewards._outcome",
@@ -56,6 +61,7 @@ _LAZY = {
     "gsm8k_reward": "rewards.gsm8k",
     "math_reward": "rewards.math",
     "open_reward_pool": "rewards._pool",
+    "tokenizer_file": "rewards._text",
     "weighted_sum": "rewards.format",
 }
 
@@ -68,6 +74,8 @@ if TYPE_CHECKING:
         current_reward_pool,
     )
     from ._pool import RewardPool, open_reward_pool
+    from ._text import tokenizer_file
+    from ._worker import TokenText
     from ._wrapper import AsyncRewardWrapper
     from .code import code_reward
     from .exact_match import exact_match_reward

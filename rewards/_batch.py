@@ -1,11 +1,27 @@
-"""Micro-batching: several sync reward calls in one worker job.
+"""Micro-batching: several sync reward calls in one worker job, sized to the load.
 
 One worker round trip costs about 0.2-0.3 ms (pickling, two pipe hops, a
 context switch), which dominates trivial rewards such as a regex check.  With
-``open_reward_pool(batch_size=B)`` (B > 1) the first attempt of each sync call
-goes into a queue; a batcher task takes a worker slot, then drains up to ``B``
-queued calls (waiting up to ``max_batch_delay_s`` for more if the batch is not
-full) and sends them as one job (:func:`rewards._worker.run_batch`).
+``open_reward_pool(batch_size=B)`` (B > 1; the default is
+:data:`DEFAULT_BATCH_SIZE`) the first attempt of each sync call goes into a
+queue; a batcher task takes a worker slot, then sends what is queued as one job
+(:func:`rewards._worker.run_batch`).  The batch size adapts to the load and to
+the reward's cost, with no fixed wait:
+
+* **Low load**: a call that finds a worker free goes at once, alone: it is
+  never held back to wait for batch-mates (unless ``max_batch_delay_s`` > 0
+  asks for that).
+* **Under load**: calls queue while every worker is busy; when a worker frees
+  up, the batcher takes what is waiting, split evenly over the free workers
+  (``ceil(waiting / free workers)`` per job), so batches grow with the backlog.
+* **Cost cap**: a batch carries at most about :data:`BATCH_WORK_S` of reward
+  work: the cap is ``BATCH_WORK_S / mean call time`` (an exponential moving
+  average of the call times the workers measure; the first batch, before any
+  measurement, holds one call), bounded by ``B``.  Cheap rewards (a regex,
+  ~30 us) batch up to ``B``; slow ones (a compiler run, a second) run alone, so
+  one slow call never holds many others.  A batch that times out or loses its
+  worker sets the estimate to its timeout: calls run alone again until fast
+  calls bring it down.
 
 Policy, so that batching never changes a call's result:
 
@@ -13,6 +29,8 @@ Policy, so that batching never changes a call's result:
   killed when it runs past it.  A batch that times out or whose worker dies
   fails *as a batch*: none of its calls counts an attempt, and each of them is
   re-run on its own with the normal policy (timeout, kill, retries, fallback).
+  A call that was alone in its job (the usual case at low load, and for slow
+  rewards) fails by itself: that is its attempt, exactly as without batching.
   So a hung or crashing call costs its batch-mates one extra timeout (or one
   re-run), never their reward.  Keep batching for cheap rewards that finish far
   below the timeout.
@@ -21,8 +39,10 @@ Policy, so that batching never changes a call's result:
 * Actor calls whose actor is not set up in the worker come back "not set up"
   and are re-run on their own, where setup gets its own timeout.
 * A caller cancelled while its call waits in the queue leaves the queue; one
-  cancelled while its batch runs does not kill the batch (the others need it):
-  the batch ends by itself or at its timeout.
+  cancelled while its batch runs does not kill the batch while others need it
+  (the batch ends by itself or at its timeout); when the last caller of a
+  running batch is cancelled (always, for a call alone), the worker is killed,
+  as without batching.
 * Retries (attempts after the first) are never batched.
 """
 
@@ -38,15 +58,42 @@ from . import _worker
 if TYPE_CHECKING:
     from ._pool import RewardPool
 
-__all__ = ["BatchFailed", "Batcher"]
+__all__ = ["BATCH_WORK_S", "DEFAULT_BATCH_SIZE", "BatchFailed", "Batcher"]
+
+#: The most calls in one worker job by default (``open_reward_pool(batch_size=)``,
+#: ``EngineConfig.reward_batch_size``); the batcher sends fewer when fewer wait
+#: or when the reward is not cheap.
+DEFAULT_BATCH_SIZE = 64
+#: Seconds of reward work one batch carries at most (from the measured mean call time).
+BATCH_WORK_S = 0.02
+_EWMA_WEIGHT = 0.2  # weight of the newest batch in the call-time estimate
 
 
 class BatchFailed(Exception):
     """The batch holding a call timed out or lost its worker; re-run the call."""
 
 
+class _Running:
+    """A batch in a worker: its cancel scope and how many of its callers still wait."""
+
+    __slots__ = ("scope", "waiting")
+
+    def __init__(self, waiting: int) -> None:
+        self.scope = trio.CancelScope()
+        self.waiting = waiting
+
+    def leave(self) -> bool:
+        """A caller gave up; when none is left, kill the job (nobody needs it) and
+        return True."""
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.scope.cancel()
+            return True
+        return False
+
+
 class _Item:
-    __slots__ = ("abandoned", "done", "failed", "job", "result", "timeout")
+    __slots__ = ("abandoned", "done", "error", "failed", "job", "result", "running", "timeout")
 
     def __init__(self, job: bytes, timeout: float) -> None:
         self.job = job
@@ -54,26 +101,58 @@ class _Item:
         self.done = trio.Event()
         self.result: tuple[str, Any] | None = None
         self.failed = False
+        self.error: Exception | None = None  # a batch of one failed: the call's own failure
         self.abandoned = False
+        self.running: _Running | None = None  # the batch it is in, once sent
 
 
 class Batcher:
-    """Collects first attempts into batches for a :class:`~rewards.RewardPool`."""
+    """Collects first attempts into batches for a :class:`~rewards.RewardPool`.
+
+    Args:
+        pool: the pool whose worker slots (``pool._limiter``) and jobs
+            (``pool._run_job``) the batches use.
+        nursery: where batches run when the pool has several workers.
+        batch_size: the most calls in one job (>= 2).
+        max_delay_s: seconds a batch may wait for more calls once it holds a
+            worker slot (0: take what is queued and go).
+        work_s: seconds of reward work a batch carries at most (the cost cap).
+    """
 
     def __init__(
-        self, pool: RewardPool, nursery: trio.Nursery, batch_size: int, max_delay_s: float
+        self, pool: RewardPool, nursery: trio.Nursery, batch_size: int, max_delay_s: float,
+        work_s: float = BATCH_WORK_S,
     ) -> None:
         self._pool = pool
         self._nursery = nursery
         self._batch_size = batch_size
         self._max_delay_s = max_delay_s
+        self._work_s = work_s
+        self.call_s: float | None = None  # mean seconds per call (EWMA); None: not measured yet
         self._send, self._receive = trio.open_memory_channel[_Item](math.inf)
+
+    def cap(self) -> int:
+        """The most calls the next batch may carry: ``work_s / call_s`` within
+        ``[1, batch_size]``; 1 before any call has been measured."""
+        if self.call_s is None:
+            return 1
+        if self.call_s <= self._work_s / self._batch_size:
+            return self._batch_size
+        return max(1, min(self._batch_size, int(self._work_s / self.call_s + 1e-9)))
+
+    def _measured(self, per_call_s: float) -> None:
+        if self.call_s is None:
+            self.call_s = per_call_s
+        else:
+            self.call_s += _EWMA_WEIGHT * (per_call_s - self.call_s)
 
     async def run(self, job: bytes, timeout: float) -> tuple[str, Any]:
         """Run one job in a batch; its tagged result (see :mod:`rewards._worker`).
 
         Raises:
-            BatchFailed: the batch timed out or its worker died.
+            BatchFailed: the batch timed out or its worker died (re-run the call alone).
+            Exception: the call ran alone and its job failed (the pool's timeout or
+                ``BrokenWorkerError``): this attempt's own failure, as without batching.
         """
         item = _Item(job, timeout)
         self._send.send_nowait(item)
@@ -81,7 +160,12 @@ class Batcher:
             await item.done.wait()
         except BaseException:  # cancelled: leave the queue (or the running batch)
             item.abandoned = True
+            if item.running is not None and not item.done.is_set() and item.running.leave():
+                with trio.CancelScope(shield=True):  # the last caller: return once the worker is killed,
+                    await item.done.wait()  # as an unbatched call does
             raise
+        if item.error is not None:
+            raise item.error
         if item.failed:
             raise BatchFailed
         assert item.result is not None
@@ -103,17 +187,20 @@ class Batcher:
                 limiter.acquire_on_behalf_of_nowait(borrower)
             except trio.WouldBlock:
                 await limiter.acquire_on_behalf_of(borrower)
+            # What queued up meanwhile, shared evenly by the free workers, within the cost cap.
+            waiting = 1 + self._receive.statistics().current_buffer_used
+            size = min(self.cap(), -(-waiting // (limiter.available_tokens + 1)))
             batch = [first]
-            while len(batch) < self._batch_size:  # what queued up meanwhile
+            while len(batch) < size:
                 try:
                     item = self._receive.receive_nowait()
                 except trio.WouldBlock:
                     break
                 if not item.abandoned:
                     batch.append(item)
-            if len(batch) < self._batch_size and self._max_delay_s > 0:
+            if len(batch) < size and self._max_delay_s > 0:
                 with trio.move_on_after(self._max_delay_s):
-                    while len(batch) < self._batch_size:
+                    while len(batch) < size:
                         batch.append(await self._next_live())
             if limiter.total_tokens == 1:  # one worker: no other batch can run meanwhile, so run it
                 await self._run_batch(batch, borrower)  # here (one pass of the run queue less per call)
@@ -127,18 +214,33 @@ class Batcher:
             if not live:
                 return
             timeout = min(item.timeout for item in live)
+            running = _Running(len(live))
+            for item in live:
+                item.running = running
             try:
-                results = await pool._run_job(
-                    _worker.run_batch, [item.job for item in live], timeout=timeout
-                )
-            except Exception:
+                with running.scope:  # cancelled when every caller has given up: the worker is killed
+                    results, work_s = await pool._run_job(
+                        _worker.run_batch, [item.job for item in live], timeout=timeout
+                    )
+                if running.scope.cancelled_caught:
+                    return  # nobody is waiting for these results
+            except Exception as exc:
                 # _Timeout (worker killed), BrokenWorkerError, or a result that
-                # could not be sent back: every call is re-run on its own.
-                pool._batch_failures += 1
+                # could not be sent back.  Calls run alone until fast ones bring
+                # the estimate down.  A call that ran alone failed by itself: that
+                # is its attempt's outcome (a second run alone would only repeat
+                # it); the calls of a real batch are each re-run on their own.
+                self.call_s = max(self.call_s or 0.0, timeout if math.isfinite(timeout) else self._work_s)
+                if len(live) == 1:
+                    live[0].error = exc
+                else:
+                    pool._batch_failures += 1
                 for item in live:
                     item.failed = True
             else:
                 pool._batches += 1
+                pool._batched_calls += len(live)
+                self._measured(work_s / len(live))
                 for item, result in zip(live, results):
                     item.result = result
         finally:

@@ -74,7 +74,10 @@ class RewardPoolStatistics:
         workers_busy: worker processes running a job now.
         workers_idle: live worker processes waiting for a job.
         max_workers: the most worker processes running at once.
-        batches: worker jobs that carried a micro-batch (``batch_size > 1``).
+        batches: worker jobs that carried a micro-batch (``batch_size > 1``; a
+            call alone at low load is a batch of one).
+        batched_calls: calls those jobs carried (``batched_calls / batches`` is
+            the mean batch size).
         batch_failures: micro-batches that timed out or whose worker died (their
             calls were re-run one by one).
         latency_p50_s, latency_p99_s: latency percentiles in seconds over the
@@ -97,6 +100,7 @@ class RewardPoolStatistics:
     max_workers: int
     batches: int
     batch_failures: int
+    batched_calls: int
     latency_p50_s: float | None
     latency_p99_s: float | None
 

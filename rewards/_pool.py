@@ -31,7 +31,8 @@ Where we differ (**ours**):
   under the same timeout/retry/fallback policy; they do not take worker slots.
 * Stateful :class:`~rewards.RewardActor` s: ``setup()`` once per worker process,
   under its own ``setup_timeout_seconds`` (see :mod:`rewards._actor`).
-* Optional micro-batching (``batch_size > 1``): see :mod:`rewards._batch`.
+* Micro-batching of cheap sync rewards, adaptive and on by default (``batch_size``): see
+  :mod:`rewards._batch`.
 
 Timeouts, worker deaths and exceptions are retried, up to ``max_retries``
 times; the failure of the *last* attempt decides the result: a timeout gives the
@@ -84,7 +85,7 @@ from engine.errors import RewardError
 
 from . import _worker
 from ._actor import RewardActor
-from ._batch import Batcher, BatchFailed
+from ._batch import DEFAULT_BATCH_SIZE, Batcher, BatchFailed
 from ._outcome import (
     _COLLECTOR,
     _CURRENT_POOL,
@@ -237,7 +238,7 @@ class RewardPool:
         self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._calls = self._successes = self._timeouts = self._retries = 0
         self._fallbacks = self._errors = self._worker_deaths = self._cancelled = 0
-        self._workers_killed = self._batches = self._batch_failures = 0
+        self._workers_killed = self._batches = self._batch_failures = self._batched_calls = 0
         self._busy = 0
         self._local_actors: dict[str, trio.Lock | None] = {}  # async actors set up here
 
@@ -261,6 +262,7 @@ class RewardPool:
             workers_idle=workers.idle_workers if workers else 0,
             max_workers=self.max_workers,
             batches=self._batches,
+            batched_calls=self._batched_calls,
             batch_failures=self._batch_failures,
             latency_p50_s=_percentile(latencies, 0.50) if latencies else None,
             latency_p99_s=_percentile(latencies, 0.99) if latencies else None,
@@ -488,7 +490,7 @@ class RewardPool:
         if isinstance(fn, RewardActor):
             await self._setup_local_actor(fn)
         with trio.move_on_after(timeout) as scope:
-            tag, value = _worker.as_reward(await fn(*args, **data))
+            tag, value = _worker.as_reward(await fn(*_worker.resolve_texts(args), **data))
         if scope.cancelled_caught:
             raise _Timeout
         if tag == _worker.INVALID:
@@ -642,7 +644,7 @@ async def open_reward_pool(
     max_retries: int = 3,
     fallback_reward: float = 0.0,
     worker_type: str = "spawn",
-    batch_size: int = 1,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     max_batch_delay_s: float = 0.0,
 ) -> AsyncIterator[RewardPool]:
     """Open a :class:`RewardPool` whose workers live as long as the ``async with`` block.
@@ -656,9 +658,13 @@ async def open_reward_pool(
         worker_type: ``"spawn"`` or ``"forkserver"`` (never fork: it can hang
             once torch is loaded in the parent).
         batch_size: the most sync calls sent to a worker in one job (1: no
-            micro-batching).  See :mod:`rewards._batch`.
+            micro-batching; default :data:`rewards._batch.DEFAULT_BATCH_SIZE`).
+            Batches adapt below it: a call that finds a worker free goes at
+            once, alone; under load a job takes what waits, split over the free
+            workers and capped at ~20 ms of measured reward work (slow rewards
+            run alone).  See :mod:`rewards._batch`.
         max_batch_delay_s: how long a batch may wait for more calls once a
-            worker is free (0: take what is queued and go).
+            worker is free (0, the default: take what is queued and go).
 
     Raises:
         ValueError: an argument is out of range (the message names it).

@@ -51,6 +51,7 @@ import os
 import pickle
 import select
 import signal
+import time
 from typing import Any
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "OK",
     "RAISED",
     "ActorRef",
+    "TokenText",
     "as_reward",
     "describe_value",
     "init_worker",
@@ -76,6 +78,8 @@ RAISED = "raised"
 
 #: Set-up reward actors of this process, by ``actor_key``.
 _ACTORS: dict[str, Any] = {}
+#: Tokenizers loaded in this process for :class:`TokenText`, by file path.
+_TOKENIZERS: dict[str, Any] = {}
 
 _REPR_CHARS = 80
 
@@ -153,6 +157,49 @@ class ActorRef:
         return ActorRef, (self.key, self.payload)
 
 
+class TokenText:
+    """Text a reward receives, sent as token ids and decoded where the reward
+    runs (ours; :func:`rewards.token_text` makes one).
+
+    ``tokenizer_file``: a ``tokenizer.json`` (the Rust ``tokenizers.Tokenizer``,
+    loaded once per process and kept); ``ids``: the token ids (a list of int);
+    ``skip_special_tokens``: as in ``decode``.  :func:`resolve_texts` turns it
+    into ``str`` before the reward function is called, so reward functions
+    only ever see strings.
+    """
+
+    __slots__ = ("ids", "skip_special_tokens", "tokenizer_file")
+
+    def __init__(self, tokenizer_file: str, ids: Any, skip_special_tokens: bool) -> None:
+        self.tokenizer_file = tokenizer_file
+        self.ids = ids
+        self.skip_special_tokens = skip_special_tokens
+
+    def __reduce__(self) -> tuple[Any, tuple[str, Any, bool]]:
+        return TokenText, (self.tokenizer_file, self.ids, self.skip_special_tokens)
+
+    def decode(self) -> str:
+        """The text (loads the tokenizer file on first use in this process).
+
+        Raises:
+            OSError / Exception: the tokenizer file cannot be read or parsed.
+        """
+        tokenizer = _TOKENIZERS.get(self.tokenizer_file)
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = _TOKENIZERS[self.tokenizer_file] = Tokenizer.from_file(self.tokenizer_file)
+        return tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+
+
+def resolve_texts(args: tuple) -> tuple:
+    """``args`` with every :class:`TokenText` decoded to ``str`` (the same
+    tuple when there is none)."""
+    if not any(type(a) is TokenText for a in args):
+        return args
+    return tuple(a.decode() if type(a) is TokenText else a for a in args)
+
+
 def run_job(job: bytes, allow_setup: bool = True) -> tuple[str, Any]:
     """Unpickle ``(reward_fn, args, kwargs)``, call it, return a tagged result.
 
@@ -180,7 +227,7 @@ def run_job(job: bytes, allow_setup: bool = True) -> tuple[str, Any]:
                 return LOAD_FAILED, f"{type(exc).__name__}: {exc}"
             reward_fn.setup()  # an exception here is the reward's exception
             _ACTORS[ref.key] = reward_fn
-    return as_reward(reward_fn(*args, **kwargs))
+    return as_reward(reward_fn(*resolve_texts(args), **kwargs))
 
 
 def load_job(job: bytes) -> tuple[str, Any]:
@@ -210,20 +257,24 @@ def _portable(exc: Exception) -> Exception:
     return exc
 
 
-def run_batch(jobs: list[bytes]) -> list[tuple[str, Any]]:
-    """Run several jobs (micro-batching); one tagged result per job, in order.
+def run_batch(jobs: list[bytes]) -> tuple[list[tuple[str, Any]], float]:
+    """Run several jobs (micro-batching): one tagged result per job, in order,
+    and the seconds they took together (this process's clock, so neither the
+    round trip nor a worker's start-up is counted; the batcher sizes its
+    batches from it).
 
     Actors are not set up here (``NOT_SET_UP``: the parent sends that job on its
     own, under the setup timeout).  A reward's exception becomes
     ``(RAISED, exception)`` instead of failing the batch.
     """
     results: list[tuple[str, Any]] = []
+    start = time.perf_counter()
     for job in jobs:
         try:
             results.append(run_job(job, allow_setup=False))
         except Exception as exc:
             results.append((RAISED, _portable(exc)))
-    return results
+    return results, time.perf_counter() - start
 
 
 #: The write end of the guardian's pipe: open for as long as this worker lives.

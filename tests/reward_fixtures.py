@@ -198,3 +198,17 @@ def spawn_sleep(prompt, completions, prompt_ids, completion_ids, *, fifo: str, h
     if hang:
         child.wait()
     return 1.0
+
+
+def text_digest(prompt, completions, prompt_ids, completion_ids, **data) -> float:
+    """A digest of the texts the reward received (exact in float32): checks that
+    text decoded in the worker is what ``tokenizer.decode`` gives."""
+    import zlib
+
+    assert isinstance(prompt, str) and isinstance(completions, str)
+    return float(zlib.crc32(f"{prompt}\x00{completions}".encode()) % (1 << 24))
+
+
+async def async_text_digest(prompt, completions, prompt_ids, completion_ids, **data) -> float:
+    """:func:`text_digest`, in-process (an ``async def`` reward)."""
+    return text_digest(prompt, completions, prompt_ids, completion_ids, **data)

@@ -482,6 +482,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_new_tokens=given(args.max_new_tokens, d.max_new_tokens),
             temperature=given(args.temperature, d.temperature), seed=given(args.seed, d.seed), hf_mode=args.hf_mode,
             torch_threads=args.torch_threads, repeats=args.repeats, reward_batch_size=args.reward_batch_size,
+            modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
             reward_workers=args.reward_workers, server_pid=args.server_pid,
             request_timeout_s=args.request_timeout, startup_timeout_s=args.startup_timeout)
         doc = trio.run(run_real_bench, cfg, lambda m: print(m, file=sys.stderr, flush=True))

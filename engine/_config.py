@@ -58,8 +58,8 @@ class EngineConfig:
             freeze the objects alive at open (``gc.freeze``, only if the host froze
             nothing) and raise the young generation's threshold to 10000; the
             host's previous state is restored exactly at close (:mod:`engine._gc`;
-            -20% CPU per episode measured).  ``rollout run`` and the benchmarks
-            turn it on.
+            -25% to -30% CPU per episode at zero latency, ``make bench``'s ``ours_gc``
+            row).  ``rollout run`` turns it on; the benchmarks report it as a separate side.
     """
 
     max_concurrent_rollouts: int = 256

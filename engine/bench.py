@@ -799,6 +799,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="hf serving mode (default continuous: finished rows leave, new ones join)")
     real.add_argument("--torch-threads", type=int, default=1, help="hf: torch intra-op threads (default 1)")
     real.add_argument("--server-pid", type=int, default=None, help="a local server's pid: report its CPU (/proc)")
+    real.add_argument("--modes", default="sync,async", help="which modes run, in this order (default sync,async)")
     real.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per remote request (default 3600)")
     real.add_argument("--startup-timeout", type=float, default=300.0,
                       help="seconds to wait for a server at start-up (default 300)")

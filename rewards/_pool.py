@@ -209,7 +209,14 @@ class RewardPool:
     """Scores completions with reward functions in killable worker processes.
 
     Create it with :func:`open_reward_pool`; do not instantiate it directly.
+
+    ``accepts_token_text``: :class:`~rewards.TokenText` arguments are decoded
+    where the reward runs (in the worker, or in-process for ``async def``
+    rewards), so callers may send token ids instead of text (a duck-typed pool
+    without this attribute gets strings from :class:`~workflows.rlvr.RLVRWorkflow`).
     """
+
+    accepts_token_text = True
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ def test_rollout_bench_hf_runs_both_modes_on_the_same_prompts(tiny_model, tmp_pa
         (["--backend", "hf", "--server", "http://127.0.0.1:1"], "apply to --backend sglang|vllm"),
         (["--server", "http://127.0.0.1:1"], "--server applies to --backend hf|sglang|vllm"),
         (["--backend", "hf", "--episodes", "0"], "prompts must be >= 1"),
+        (["--backend", "hf", "--modes", "async,later"], "modes must be a non-empty subset"),
         (["--backend", "hf", "--dataset", "/nonexistent.jsonl"], "nonexistent.jsonl"),
         (["--backend", "hf"], "nonexistent-model"),
     ],

@@ -95,3 +95,13 @@ def test_default_input_ids_match_the_chat_template_and_token_text_decodes_like_t
     cleaning.clean_up_tokenization_spaces = True  # its decode is more than the Rust tokenizer's: in-process
     assert tokenizer_file(cleaning, tmp_path / "other") is None and not (tmp_path / "other").exists()
     assert RLVRWorkflow(reward_fixtures.length_reward, GenerationHyperparameters(), cleaning)._tokenizer_file is None
+
+
+async def test_a_duck_typed_reward_pool_gets_text(reward_pool):
+    tok = build_tiny_tokenizer()
+    items = [to_item(row) for row in builtin_arith(2)]
+    workflow = RLVRWorkflow(reward_fixtures.text_digest, GenerationHyperparameters(max_new_tokens=8), tok)
+    async with open_rollout_engine(_sim(tok), EngineConfig(), reward_pool=reward_pool) as engine:
+        batch = await engine.rollout_batch(items, workflow)  # text_digest asserts it got str, not TokenText
+    assert reward_pool.calls == 2
+    assert batch["rewards"].tolist() == [_digest(tok, batch, i) for i in range(2)]

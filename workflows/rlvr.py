@@ -210,7 +210,8 @@ class RLVRWorkflow(RolloutWorkflow):
         """Score one sample in the engine's reward pool -> ``rewards.RewardOutcome``
         (``prompt``: the prompt's text, special tokens kept, or its cache entry)."""
         skip = self.gconfig.skip_special_tokens
-        if self._tokenizer_file is not None:  # decoded in the reward worker
+        pool = engine.reward_pool
+        if self._tokenizer_file is not None and getattr(pool, "accepts_token_text", False):  # decoded in the worker
             completion: Any = TokenText(self._tokenizer_file, resp.output_tokens, skip)
             if isinstance(prompt, _Prompt):
                 prompt = prompt.text if prompt.text is not None else TokenText(
@@ -221,6 +222,4 @@ class RLVRWorkflow(RolloutWorkflow):
                 if prompt.text is None:
                     prompt.text = _decode(self.tokenizer, resp.input_tokens, False)
                 prompt = prompt.text
-        return await engine.reward_pool.score(
-            self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data
-        )
+        return await pool.score(self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data)

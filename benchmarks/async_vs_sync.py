@@ -411,8 +411,8 @@ async def run_real_bench(cfg: RealBenchConfig, log: Any = None) -> dict[str, Any
                          for key in ("wall_s", "episodes_per_s", "tokens_per_s", "slot_occupancy", "cpu_cores_busy")}
         summary[mode]["reward_mean"] = statistics.fmean(r["reward_mean"] for r in mine)
     if "sync" in summary and "async" in summary:
-        summary["episodes_per_s_ratio"] = round(summary["async"]["episodes_per_s"] / summary["sync"]["episodes_per_s"], 3)
-        summary["tokens_per_s_ratio"] = round(summary["async"]["tokens_per_s"] / summary["sync"]["tokens_per_s"], 3)
+        for key in ("episodes_per_s", "tokens_per_s"):
+            summary[f"{key}_ratio"] = round(summary["async"][key] / summary["sync"][key], 3)
     import platform
 
     return {
@@ -429,7 +429,8 @@ async def run_real_bench(cfg: RealBenchConfig, log: Any = None) -> dict[str, Any
 def format_real_table(doc: dict[str, Any]) -> str:
     """One line per run and the ratio, as text."""
     cfg = doc["config"]
-    head = (f"rollout bench --backend {cfg['backend']}: {cfg['prompts']} GSM8K prompts, {cfg['concurrency']} at a time, "
+    head = (f"rollout bench --backend {cfg['backend']}: {cfg['prompts']} GSM8K prompts, "
+            f"{cfg['concurrency']} at a time, "
             f"max_new_tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, model {doc['used']['model']}"
             + (f" ({cfg['hf_mode']})" if cfg["backend"] == "hf" else ""))
     cols = ("mode", "wall s", "episodes/s", "tokens/s", "out len mean/p50/p90/max", "trunc", "occupancy",

@@ -337,11 +337,13 @@ async def _drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
     pool_ids = corpus_token_pool(tokenizer, cfg.seed)
     defaults = EngineConfig()  # the reward pool is opened here (shared with the warm-up) with the engine's settings
     async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.effective_reward_batch_size,
-                                timeout_seconds=defaults.reward_timeout_seconds, max_retries=defaults.reward_max_retries,
+                                timeout_seconds=defaults.reward_timeout_seconds,
+                                max_retries=defaults.reward_max_retries,
                                 max_batch_delay_s=defaults.reward_max_batch_delay_s) as pool:
         if cfg.warmup:  # a throw-away engine: starts the reward workers, warms caches
             async with open_rollout_engine(SimBackend(sim, token_pool=pool_ids),
-                                           EngineConfig(max_concurrent_rollouts=cfg.concurrency, gc_tuning=cfg.gc_tuning),
+                                           EngineConfig(max_concurrent_rollouts=cfg.concurrency,
+                                                        gc_tuning=cfg.gc_tuning),
                                            reward_pool=pool) as engine:
                 for i in range(cfg.warmup):
                     engine.submit(bench_item(i, warmup=True, seed=cfg.seed), workflow)
@@ -498,7 +500,8 @@ async def _drive_naive(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
         counts["accepted"] += len(ok)
         return [trajectory_from_response(resps[i], rewards[i]) for i in ok]
 
-    async with open_reward_pool(max_workers=cfg.reward_workers, batch_size=cfg.effective_reward_batch_size) as real_pool:
+    async with open_reward_pool(max_workers=cfg.reward_workers,
+                                batch_size=cfg.effective_reward_batch_size) as real_pool:
         pool = _TimedPool(real_pool)
         for phase in ("warmup", "measure"):
             backend = SimBackend(sim, record=cfg.record and phase == "measure", token_pool=pool_ids)
@@ -765,7 +768,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     Every option defaults to None here: each kind fills in its own defaults."""
     p = subparsers.add_parser("bench", help="throughput benchmark: on the simulated server side by side with "
                                             "AReaL's executor and a naive loop (--backend sim), or asynchronous "
-                                            "vs synchronous batched rollout on a real backend (--backend hf|sglang|vllm)")
+                                            "vs synchronous batched rollout on a real backend "
+                                            "(--backend hf|sglang|vllm)")
     p.add_argument("--backend", default="sim", choices=BACKENDS,
                    help="sim (default): the simulated server; hf|sglang|vllm: async vs sync rollout on a real "
                         "model (hf: in this process; sglang|vllm: --server URL)")
@@ -775,7 +779,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         default = getattr(defaults, f.name)
         if f.name == "record":
             continue
-        kind = _opt_int if "None" in str(f.type) else {"int": int, "float": float, "str": str, "bool": _bool}[str(f.type)]
+        kinds = {"int": int, "float": float, "str": str, "bool": _bool}
+        kind = _opt_int if "None" in str(f.type) else kinds[str(f.type)]
         extra = _HELP.get(f.name)
         text = f"{extra} (default {default})" if extra else f"(default {default})"
         if f.name in _REAL_MEANING:

@@ -222,3 +222,23 @@ async def test_the_default_pool_batches_a_burst_and_keeps_every_result():
     assert results == {i: float(i) for i in range(40)}
     assert stats.batched_calls == 41 and stats.batches < 41  # calls shared worker jobs
     assert stats.batch_failures == 0
+
+
+@pytest.mark.slow
+async def test_an_engine_with_default_settings_shares_worker_jobs_under_load():
+    from engine import SimBackend, SimConfig, open_rollout_engine
+    from engine.datasets import builtin_arith, to_item
+    from engine.testing import build_tiny_tokenizer
+    from engine.types import GenerationHyperparameters
+    from workflows.rlvr import RLVRWorkflow
+
+    tok = build_tiny_tokenizer()
+    sim = SimBackend(SimConfig(vocab_size=len(tok), eos_token_id=tok.eos_token_id, first_token_id=0,
+                               out_len_median=6, seed=1))  # zero latency: every reward is due at once
+    items = [to_item(row) for row in builtin_arith(64)]
+    workflow = RLVRWorkflow(fx.length_reward, GenerationHyperparameters(max_new_tokens=8), tok)
+    async with open_rollout_engine(sim, EngineConfig(reward_max_workers=1)) as engine:
+        batch = await engine.rollout_batch(items, workflow)
+        stats = engine.statistics().rewards
+    assert batch.batch_size[0] == 64 and not batch["reward_is_fallback"].any()
+    assert stats.batched_calls == 64 and stats.batches < 32  # several calls per worker round trip

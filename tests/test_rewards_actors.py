@@ -370,11 +370,11 @@ async def test_batching_a_hang_or_crash_costs_the_others_nothing(workers):
                 nursery.start_soon(functools.partial(call, i, fx.return_value, value=i))
         stats = pool.statistics()
     assert outcomes.pop("hang").is_fallback
-    assert outcomes.pop("crash") == "raised"  # its batch died: re-run alone, died again
+    assert outcomes.pop("crash") == "raised"  # alone or in a batch that died and was re-run alone: it died
     assert {k: (o.reward, o.is_fallback) for k, o in outcomes.items()} == {
         i: (float(i), False) for i in range(12)
     }
-    assert stats.batch_failures >= 1 and stats.worker_deaths >= 1
+    assert stats.worker_deaths >= 1  # (adaptive batching: the crash may have found a worker free and run alone)
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,7 @@ __all__ = [
     "current_reward_pool",
     "default_max_workers",
     "open_reward_pool",
+    "serving",
 ]
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
@@ -700,19 +701,28 @@ async def open_reward_pool(
             batch_size=batch_size,
             max_batch_delay_s=float(max_batch_delay_s),
         )
-        token = _CURRENT_POOL.set(pool)
+        async with serving(pool) as served:
+            yield served
+
+
+@asynccontextmanager
+async def serving(pool: RewardPool) -> AsyncIterator[RewardPool]:
+    """Make ``pool`` the current pool (:func:`current_reward_pool`) for the block, with
+    its batcher running when ``pool.batch_size > 1``; closed on exit.  Shared by every
+    pool opener (local processes, Ray actors)."""
+    token = _CURRENT_POOL.set(pool)
+    try:
+        if pool.batch_size == 1:
+            yield pool
+        else:
+            async with _batching(pool) as batching_pool:
+                yield batching_pool
+    finally:
+        pool._closed = True
         try:
-            if batch_size == 1:
-                yield pool
-            else:
-                async with _batching(pool) as batching_pool:
-                    yield batching_pool
-        finally:
-            pool._closed = True
-            try:
-                _CURRENT_POOL.reset(token)
-            except ValueError:  # exited in another context than it was entered in
-                pass
+            _CURRENT_POOL.reset(token)
+        except ValueError:  # exited in another context than it was entered in
+            pass
 
 
 @asynccontextmanager

@@ -46,8 +46,7 @@ import trio_parallel
 from engine.errors import RewardError
 
 from . import _worker
-from ._outcome import _CURRENT_POOL
-from ._pool import RewardPool, _Timeout, _batching, _validate, default_max_workers
+from ._pool import RewardPool, _Timeout, _validate, default_max_workers, serving
 
 __all__ = ["RayRewardPool", "open_ray_reward_pool"]
 
@@ -287,20 +286,11 @@ async def open_ray_reward_pool(
         batch_size=batch_size,
         max_batch_delay_s=float(max_batch_delay_s),
     )
-    token = _CURRENT_POOL.set(pool)
     try:
-        if batch_size == 1:
-            yield pool
-        else:
-            async with _batching(pool) as batching_pool:
-                yield batching_pool
+        async with serving(pool) as served:
+            yield served
     finally:
-        pool._closed = True
         actors.close()
-        try:
-            _CURRENT_POOL.reset(token)
-        except ValueError:  # exited in another context than it was entered in
-            pass
         if started:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(ray.shutdown)

@@ -44,8 +44,7 @@ async def test_state_dict_round_trip_resubmits_in_flight_and_keeps_unconsumed(re
         ids = [engine.submit(item, wf) for item in items]
         consumed = await engine.wait_results(2)  # the trainer took one batch ...
         engine.set_version(1)  # ... and published new weights
-        while engine.statistics().results_waiting < 2:  # some results finished, not consumed
-            await trio.sleep(0.01)
+        await engine._buffer.wait_until(lambda: len(engine._buffer) >= 2)  # some finished, not consumed
         before = engine.statistics()
         state = _roundtrip(engine.state_dict())
         buffered = {r.task_id: r for r in engine._buffer.results()}

@@ -96,7 +96,7 @@ class FailureBreaker:
         if self.consecutive_failures is not None and self._run >= self.consecutive_failures:
             self._open(self._run, self._run, dict(self._run_reasons), f"{self._run} consecutive episodes failed")
         elif self.failure_rate is not None and len(self._recent) == self.window:
-            failures = [reason for f, reason in self._recent if f]
+            failures = [reason or "unknown" for f, reason in self._recent if f]
             if len(failures) >= self.failure_rate * self.window:
                 self._open(len(failures), self.window, dict(collections.Counter(failures)),
                            f"{len(failures)} of the last {self.window} episodes failed")

@@ -43,6 +43,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 __all__ = ["LOCKED_OPTIONS", "RunState", "locked_options", "open_run_dir", "read_journal", "resolve_resume_options",
@@ -81,7 +82,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def resolve_resume_options(args: Any, explicit: set[str]) -> None:
+def resolve_resume_options(args: Any, explicit: AbstractSet[str]) -> None:
     """For ``--resume DIR``: set ``args.out`` to DIR and every locked option to the
     value saved in ``DIR/run.json``.
 

@@ -52,6 +52,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Set as AbstractSet
 from typing import Any, NoReturn
 
 import trio
@@ -67,6 +68,8 @@ logger = logging.getLogger(f"rollout.{__name__}")
 
 
 class _Parser(argparse.ArgumentParser):
+    run_parser: argparse.ArgumentParser  # the `run` subcommand's (for _explicit_options)
+
     def error(self, message: str) -> NoReturn:  # one line, no usage dump
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -104,7 +107,7 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="rollout", description="trio-rollout: a trio-native rollout engine for LLM RL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     from ._cli_workflow import add_workflow_arguments, workflows_epilog
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | str) -> str:
     """An error message on one line (transformers' messages span several)."""
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -278,7 +281,7 @@ _UNSET = object()
 def _explicit_options(argv: list[str] | None) -> set[str]:
     """The ``rollout run`` options given on the command line (not defaulted)."""
     parser = build_parser()
-    run = parser.run_parser  # type: ignore[attr-defined]
+    run = parser.run_parser
     run.set_defaults(**{a.dest: _UNSET for a in run._actions if a.dest != "help"})
     return {k for k, v in vars(parser.parse_args(argv)).items() if v is not _UNSET}
 
@@ -349,7 +352,7 @@ def _load_processor(args: argparse.Namespace) -> Any:
     return load_vision_processor(args.model, flag=f"--workflow {args.workflow}")
 
 
-async def _run(args: argparse.Namespace, explicit: set[str] = frozenset()) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, explicit: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """The run under a SIGINT/SIGTERM receiver; returns the summary (``exit``
     says how it ended).  Errors are raised as themselves, not in a group."""
     from ._signals import Interrupt, watch_signals
@@ -370,7 +373,7 @@ async def _run(args: argparse.Namespace, explicit: set[str] = frozenset()) -> di
     return outcome
 
 
-async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.CancelScope,
+async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], stop: trio.CancelScope,
                        interrupt: Any) -> dict[str, Any]:
     """One segment of a run (the whole run unless interrupted): open the run
     folder, run the items not done yet, write outputs as they end."""
@@ -453,7 +456,8 @@ async def _run_segment(args: argparse.Namespace, explicit: set[str], stop: trio.
                 error = exc
             writer.end(exit)
     finally:
-        os.close(state.lock_fd)
+        if state.lock_fd is not None:
+            os.close(state.lock_fd)
     if error is not None:
         raise error
     return writer.summary

@@ -102,7 +102,7 @@ def _convert_one(action: argparse.Action, value: Any, where: str) -> Any:
     if action.type is None and not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     try:
-        converted = action.type(str(value)) if action.type is not None else value
+        converted = action.type(str(value)) if callable(action.type) else value
     except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
     if action.choices is not None and converted not in action.choices:

@@ -108,7 +108,7 @@ def load_dataset(spec: str, limit: int | None = None, *, required: Sequence[str]
 def _read_jsonl(path: Path, limit: int | None, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DatasetError(f"dataset file not found: {path}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     with path.open("rb") as f:  # bytes: a line that is not UTF-8 is reported with its number
         for lineno, raw in enumerate(f, 1):
             if limit is not None and len(rows) >= limit:

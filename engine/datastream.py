@@ -48,9 +48,10 @@ def _check_source(source: Any) -> None:
     if loader_cls is not None and isinstance(source, loader_cls):
         from torch.utils.data import default_collate
 
-        if source.batch_sampler is not None and source.collate_fn is default_collate:
+        loader: Any = source  # a torch DataLoader (checked above)
+        if loader.batch_sampler is not None and loader.collate_fn is default_collate:
             raise DatasetError(
-                f"prepare_batch: this torch DataLoader (batch_size={source.batch_size}) uses the default "
+                f"prepare_batch: this torch DataLoader (batch_size={loader.batch_size}) uses the default "
                 "collate, which turns a batch of rows into one dict of lists (chat roles ['user', 'user'], "
                 f"answers as lists); {_FIX}")
 

@@ -198,13 +198,15 @@ def _datasets_module() -> Any:
 
 def _why(exc: BaseException) -> str:
     """The messages of ``exc`` and its causes, on one line (datasets wraps pyarrow's)."""
-    parts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = " ".join(str(exc).split())
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = " ".join(str(current).split())
         if text and text not in parts:
             parts.append(text)
-        exc = exc.__cause__ or exc.__context__
+        current = current.__cause__ or current.__context__
     return ": ".join(parts[-2:]) if parts else "unknown error"
 
 
@@ -344,6 +346,7 @@ class _Mapping:
             if self.template is not None:
                 text = render_template(self.template, row)
             else:
+                assert self.prompt_key is not None  # from_spec: a template or a prompt column
                 value = row.get(self.prompt_key)
                 if value is None:
                     raise _BadRow(f"field {self.prompt_key!r} is missing or null")

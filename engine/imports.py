@@ -143,7 +143,7 @@ class FileFunction:
         return {"path": self.path, "attr": self.attr}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["attr"])
+        FileFunction.__init__(self, state["path"], state["attr"])
 
     def __repr__(self) -> str:
         return f"FileFunction({self.path!r}:{self.attr})"

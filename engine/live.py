@@ -77,9 +77,8 @@ def render(s: RunSnapshot) -> Any:
 
     slow = Table(title="stragglers: longest running", title_justify="left", show_edge=False, box=None,
                  padding=(0, 2))
-    for name, justify in (("episode", "right"), ("running s", "right"), ("tokens", "right"),
-                          ("requests done/in flight", "right")):
-        slow.add_column(name, justify=justify)
+    for name in ("episode", "running s", "tokens", "requests done/in flight"):
+        slow.add_column(name, justify="right")
     for e in s.stragglers:
         slow.add_row(str(e.task_id), f"{e.seconds:.1f}", str(e.tokens), f"{e.requests}/{e.requests_in_flight}")
     if not s.stragglers:

@@ -99,6 +99,7 @@ class _Collector:
         self._token = token
 
     def collect(self) -> Any:
+        snap: RunSnapshot | None
         try:
             snap = trio.from_thread.run_sync(self._monitor.snapshot, trio_token=self._token)
         except (trio.RunFinishedError, RuntimeError):  # the run has ended: its last numbers

@@ -100,7 +100,7 @@ class RolloutEngineThread:
             self._closed = True
         if self._thread is None:
             return
-        if self._token is not None:
+        if self._token is not None and self._stop is not None:
             try:
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             except trio.RunFinishedError:

@@ -176,9 +176,12 @@ def test_sigterm_at_random_points_then_resume_gives_each_item_exactly_once(forks
     rc, err, _ = _interrupt(forkserver, _run_args(n_items, out, resume=True), out, segments, after_rows=10 ** 9,
                             signum=signal.SIGTERM)
     assert rc == 0, err
+    # (on a loaded machine the last interrupted run may already have finished every item, and a
+    # resume with nothing left to do starts no segment: count the final run's like the others')
+    segments += any(r["kind"] == "segment" and r["segment"] == segments for r in _journal(out))
     summary = _check_consistent(out, n_items, final=True)
     assert summary["cancelled"] > 0 and summary["lost"] == 0, summary["segments"]
-    assert len(summary["segments"]) == segments + 1
+    assert len(summary["segments"]) == segments
 
 
 @pytest.mark.slow

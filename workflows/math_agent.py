@@ -83,7 +83,7 @@ _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: op
 def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
@@ -264,6 +264,8 @@ class MathAgentWorkflow(RolloutWorkflow):
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": _run_tool(call.function.name, call.function.arguments)})
         last = client.cache.last
+        if last is None:  # the loop above made at least one completion (turn 0 re-raises)
+            raise RuntimeError("MathAgentWorkflow: no completion was recorded")
         resp = last.response
         scored = await engine.reward_pool.score(self.reward_fn, _decode(self.tokenizer, resp.input_tokens, False),
                                                 final, resp.input_tokens, resp.output_tokens, **data)

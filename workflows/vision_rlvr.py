@@ -191,7 +191,7 @@ async def read_images(images: Any) -> list[tuple[Any, bytes | None]]:
     from PIL import Image, UnidentifiedImageError
 
     items = list(images) if isinstance(images, (list, tuple)) else [images]
-    result = []
+    result: list[tuple[Any, bytes | None]] = []
     for i, item in enumerate(items):
         if isinstance(item, Image.Image):
             result.append((item, None))

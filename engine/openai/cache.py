@@ -157,7 +157,7 @@ class InteractionCache(Mapping[str, Interaction]):
             node.reward = value
             if node.parent is not None:
                 newest_child.setdefault(node.parent.id, value)
-        return {iid: node.reward for iid, node in self._items.items()}
+        return {iid: node.reward or 0.0 for iid, node in self._items.items()}
 
     # -- export --------------------------------------------------------------------------
     def export_interactions(self, style: str = "individual", *,

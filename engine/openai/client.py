@@ -53,11 +53,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import openai
 from openai.types import Completion, CompletionChoice, CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat import (ChatCompletion, ChatCompletionMessage, ChatCompletionMessageToolCallUnion,
+                               ChatCompletionTokenLogprob)
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall, Function
 
@@ -134,18 +135,18 @@ class EngineOpenAI(openai.AsyncOpenAI):
 
     # -- the OpenAI surface ----------------------------------------------------------
     @cached_property
-    def chat(self) -> Any:  # type: ignore[override]
+    def chat(self) -> Any:
         return _Chat(self)
 
     @cached_property
-    def completions(self) -> Any:  # type: ignore[override]
+    def completions(self) -> Any:
         return _Completions(self)
 
-    def copy(self, **_: Any) -> EngineOpenAI:  # type: ignore[override]
+    def copy(self, **_: Any) -> EngineOpenAI:
         """This client: connection options mean nothing in-process."""
         return self
 
-    with_options = copy  # type: ignore[assignment]
+    with_options = copy
 
     # -- rewards and export (the cache's, for convenience) ----------------------------
     def set_reward(self, interaction_id: str, reward: float) -> None:
@@ -281,10 +282,11 @@ class EngineOpenAI(openai.AsyncOpenAI):
             content, calls = self.tool_parser.parse(text)
         raw = assistant_message(self.tokenizer, resp.output_tokens, stopped=resp.stop_reason == "stop",
                                 stop_token_ids=gconfig.stop_token_ids)
-        finish = "length" if resp.stop_reason == "length" else ("tool_calls" if calls else "stop")
+        finish: Literal["length", "tool_calls", "stop"] = (
+            "length" if resp.stop_reason == "length" else ("tool_calls" if calls else "stop"))
         if finish == "tool_calls":
             resp = replace(resp, stop_reason="tool_calls")
-        tool_calls = [ChatCompletionMessageFunctionToolCall(id=_new_id("call_"), type="function",
+        tool_calls: list[ChatCompletionMessageToolCallUnion] | None = [ChatCompletionMessageFunctionToolCall(id=_new_id("call_"), type="function",
                                                             function=Function(name=c.name, arguments=c.arguments))
                       for c in calls] or None
         message = ChatCompletionMessage(role="assistant", content=content, tool_calls=tool_calls)
@@ -299,7 +301,7 @@ class EngineOpenAI(openai.AsyncOpenAI):
             choices=[Choice(index=0, finish_reason=finish, message=message, logprobs=choice_logprobs)],
             usage=CompletionUsage(prompt_tokens=resp.input_len, completion_tokens=resp.output_len,
                                   total_tokens=resp.input_len + resp.output_len))
-        output_message = {"role": "assistant", "content": content}
+        output_message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             output_message["tool_calls"] = [c.model_dump(mode="json") for c in tool_calls]
         self.cache.add(Interaction(
@@ -342,7 +344,7 @@ class EngineOpenAI(openai.AsyncOpenAI):
         gconfig = self._sampling(max_tokens=max_tokens, max_completion_tokens=None, temperature=temperature,
                                  top_p=top_p, stop=stop, seed=seed, frequency_penalty=frequency_penalty)
         resp = await self._generate(ids, gconfig)
-        finish = "length" if resp.stop_reason == "length" else "stop"
+        finish: Literal["length", "stop"] = "length" if resp.stop_reason == "length" else "stop"
         completion = Completion(
             id=_new_id("cmpl-"), object="text_completion", created=int(time.time()), model=self.model,
             choices=[CompletionChoice(index=0, text=self._visible_text(resp, gconfig), finish_reason=finish,

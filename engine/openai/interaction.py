@@ -209,7 +209,7 @@ def episode_reward(interactions: Mapping[str, Interaction]) -> float | None:
     interaction (insertion order), ``None`` when unset (AReaL's rule)."""
     if not interactions:
         return None
-    last = interactions[next(reversed(interactions))]
+    last = interactions[next(reversed(tuple(interactions)))]
     return last.reward
 
 

@@ -493,7 +493,9 @@ class OpenAIProxy:
             self.set_reward(session, body["reward"], iid)
         except KeyError as exc:
             raise _HTTPError(404, str(exc.args[0]), code="interaction_not_found") from None
-        return JSONResponse({"session_id": session.session_id, "interaction_id": iid or session.cache.last.id,
+        last = session.cache.last
+        return JSONResponse({"session_id": session.session_id,
+                             "interaction_id": iid or (last.id if last is not None else None),
                              "reward": body["reward"]})
 
     async def _end_session(self, request: Any) -> Any:

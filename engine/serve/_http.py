@@ -23,7 +23,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 import trio
@@ -58,8 +58,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 #: how long an idle keep-alive connection stays open (clients pool their connections)
 KEEP_ALIVE_TIMEOUT_S = 3600.0
 
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
-                    Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+#: an ASGI 3 application ``app(scope, receive, send)``; loosely typed because Starlette and
+#: hypercorn each declare their own (mutually incompatible) scope and message types
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 
 class RequestRejected(Exception):
@@ -248,7 +249,7 @@ async def serve_asgi(app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *,
     config.errorlog = logger  # hypercorn's lines go to our logger; no handler installed
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     config.include_server_header = False
-    wrapped = wrap_app(CancelOnDisconnect(app), config.wsgi_max_body_size, "asgi")
+    wrapped = wrap_app(cast(Any, CancelOnDisconnect(app)), config.wsgi_max_body_size, "asgi")
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(worker_serve, wrapped, config,
                                               sockets=Sockets([], list(sockets), [])))

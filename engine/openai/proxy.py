@@ -53,28 +53,23 @@ from __future__ import annotations
 import collections
 
 import functools
-import hmac
-import json
-import sys
 import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from ..chat import collect_drift_events, record_drift
-from ..errors import BackendError, InvalidRequestError, SessionAbandonedError, WorkflowError, unwrap_single
+from ..chat import record_drift
+from ..errors import InvalidRequestError, SessionAbandonedError
 from ..types import GenerationHyperparameters
+from ._proxy_http import ProxyRoutes
 from .cache import InteractionCache
 from .interaction import EXPORT_STYLES
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["OpenAIProxy", "ProxyConfig", "ProxySession", "ProxyStatistics", "open_openai_proxy"]
 
@@ -199,12 +194,6 @@ class ProxySession:
     def touch(self) -> None:
         self.last_activity = trio.current_time()
         self._wake.unpark_all()
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.code = status, kind, code
 
 
 class _SessionEpisode:
@@ -414,191 +403,6 @@ class OpenAIProxy:
         for s in list(self.sessions.values()):
             self._abandon(s, "the proxy closed before the session ended")
 
-    # -- HTTP ------------------------------------------------------------------------------------
-    def _session_of(self, request: Any, body: Mapping[str, Any] | None = None) -> ProxySession:
-        key = _bearer(request)
-        session = self._by_key.get(key) if key else None
-        if session is None:
-            sid = request.headers.get("x-session-id") or (body or {}).get("session_id")
-            session = self.sessions.get(sid) if isinstance(sid, str) else None
-        if session is None:
-            raise _HTTPError(401, "unknown or ended session: send the session's api_key as bearer token "
-                                  "(or an X-Session-Id header); start one with POST /rl/start_session",
-                             "authentication_error", "invalid_api_key")
-        return session
-
-    async def _complete(self, request: Any, create_name: str) -> Any:
-        from starlette.responses import JSONResponse, Response
-
-        body = await _json_body(request)
-        session = self._session_of(request)
-        if session.state != "active":
-            raise _HTTPError(409, f"session {session.session_id} is {session.state}; no more requests")
-        create = getattr(session.client, create_name)
-        self._counts["requests"] += 1
-        session.active_requests += 1
-        session.touch()
-        try:
-            with collect_drift_events() as drifts:
-                result = await _unless_disconnected(request, functools.partial(create, **body))
-            session.drift_details += drifts
-        except TypeError as exc:  # e.g. a required argument missing
-            raise _HTTPError(400, f"bad arguments: {exc}") from exc
-        finally:
-            session.active_requests -= 1
-            session.touch()
-        if result is None:  # the client went away: nobody to answer
-            return Response(status_code=499)
-        return JSONResponse(result.model_dump(mode="json"))
-
-    async def _chat_completions(self, request: Any) -> Any:
-        return await self._complete(request, "create_chat_completion")
-
-    async def _completions(self, request: Any) -> Any:
-        return await self._complete(request, "create_completion")
-
-    async def _models(self, request: Any) -> Any:
-        from openai.types import Model
-        from starlette.responses import JSONResponse
-
-        model = Model(id=self.config.model, created=0, object="model", owned_by="trio-rollout")
-        return JSONResponse({"object": "list", "data": [model.model_dump(mode="json")]})
-
-    async def _start_session(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        body = await _json_body(request, allow_empty=True)
-        admin = self.config.admin_api_key
-        if admin is not None and not hmac.compare_digest((_bearer(request) or "").encode(), admin.encode()):
-            raise _HTTPError(401, "start_session needs the proxy's admin_api_key as bearer token",
-                             "authentication_error", "invalid_api_key")
-        try:
-            session = await _unless_disconnected(request, functools.partial(self.start_session, body.get("data")))
-        except trio.TooSlowError:
-            raise _HTTPError(503, f"the engine did not admit the session within {self.config.admission_timeout_s} s "
-                                  "(staleness or concurrency bound); try again later", "server_error") from None
-        if session is None:
-            return JSONResponse({}, status_code=499)
-        return JSONResponse({"session_id": session.session_id, "api_key": session.api_key, "task_id": session.task_id})
-
-    async def _set_reward(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        body = await _json_body(request)
-        session = self._session_of(request, body)
-        if "reward" not in body:
-            raise _HTTPError(400, "set_reward needs 'reward' (a number)")
-        iid = body.get("interaction_id")
-        try:
-            self.set_reward(session, body["reward"], iid)
-        except KeyError as exc:
-            raise _HTTPError(404, str(exc.args[0]), code="interaction_not_found") from None
-        last = session.cache.last
-        return JSONResponse({"session_id": session.session_id,
-                             "interaction_id": iid or (last.id if last is not None else None),
-                             "reward": body["reward"]})
-
-    async def _end_session(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        body = await _json_body(request, allow_empty=True)
-        session = self._session_of(request, body)
-        n = await self.end_session(session, discount=body.get("discount"), style=body.get("style"),
-                                   drop_retry_orphans=body.get("drop_retry_orphans"))
-        return JSONResponse({"session_id": session.session_id, "task_id": session.task_id, "interactions": n})
-
-    def app(self) -> Any:
-        """The Starlette application."""
-        from starlette.applications import Starlette
-        from starlette.routing import Route
-
-        wrap = self._endpoint
-        return Starlette(routes=[
-            Route("/v1/models", wrap(self._models), methods=["GET"]),
-            Route("/v1/chat/completions", wrap(self._chat_completions), methods=["POST"]),
-            Route("/v1/completions", wrap(self._completions), methods=["POST"]),
-            Route("/rl/start_session", wrap(self._start_session), methods=["POST"]),
-            Route("/rl/set_reward", wrap(self._set_reward), methods=["POST"]),
-            Route("/rl/end_session", wrap(self._end_session), methods=["POST"]),
-        ])
-
-    def _endpoint(self, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-        """Map exceptions to OpenAI-style error answers (one place)."""
-        from starlette.responses import JSONResponse
-
-        @functools.wraps(handler)
-        async def endpoint(request: Any) -> Any:
-            try:
-                return await handler(request)
-            except Exception as exc:
-                err = _http_error(exc)
-                self._counts["request_errors"] += 1
-                if err.status >= 500:
-                    logger.warning("%s %s -> %d: %s: %s", request.method, request.url.path, err.status,
-                                   type(exc).__name__, exc)
-                return JSONResponse({"error": {"message": str(err), "type": err.kind, "param": None,
-                                               "code": err.code}}, status_code=err.status)
-
-        return endpoint
-
-
-def _http_error(exc: Exception) -> _HTTPError:
-    if isinstance(exc, _HTTPError):
-        return exc
-    if isinstance(exc, NotImplementedError):
-        return _HTTPError(400, str(exc), code="unsupported_parameter")
-    if isinstance(exc, SessionAbandonedError):
-        return _HTTPError(409, str(exc), code="session_abandoned")
-    if isinstance(exc, (InvalidRequestError, WorkflowError, ValueError)):
-        return _HTTPError(400, str(exc))
-    if isinstance(exc, BackendError):
-        return _HTTPError(502, f"the inference backend failed: {exc}", "server_error")
-    if isinstance(exc, trio.ClosedResourceError):
-        return _HTTPError(503, f"closed: {exc}", "server_error")
-    return _HTTPError(500, f"{type(exc).__name__}: {exc}", "server_error")
-
-
-def _bearer(request: Any) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, key = auth.partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
-
-
-async def _json_body(request: Any, *, allow_empty: bool = False) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip() and allow_empty:
-        return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _HTTPError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise _HTTPError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-async def _unless_disconnected(request: Any, fn: Callable[[], Awaitable[Any]]) -> Any:
-    """``await fn()``, cancelled if the HTTP client disconnects first (-> ``None``)."""
-    result: list[Any] = []
-    try:
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            result.append(await fn())
-            nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        single = unwrap_single(group)
-        if single is group:
-            raise
-    else:
-        return result[0] if result else None
-    raise single  # outside the handler: the error as itself
-
-
 @asynccontextmanager
 async def open_openai_proxy(engine: Any, tokenizer: Any, config: ProxyConfig | None = None
                             ) -> AsyncIterator[OpenAIProxy]:
@@ -627,7 +431,7 @@ async def open_openai_proxy(engine: Any, tokenizer: Any, config: ProxyConfig | N
     hconfig.keep_alive_timeout = config.keep_alive_timeout_s
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(functools.partial(serve, proxy.app(), hconfig, shutdown_trigger=stop.wait))
+        binds = await nursery.start(functools.partial(serve, ProxyRoutes(proxy).app(), hconfig, shutdown_trigger=stop.wait))
         proxy.url = binds[0]
         started = time.monotonic()
         try:

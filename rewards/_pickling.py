@@ -6,7 +6,9 @@
 * :func:`pickle_job`: one call's ``(reward_fn, args, data)`` pickled once per
   call (not per attempt); a :class:`~rewards.RewardActor` travels as an
   :class:`~rewards._worker.ActorRef`.
-* :func:`check_picklable`: the start-up check of :class:`~rewards.AsyncRewardWrapper`.
+* :func:`reward_data`: a call's keyword data, without the reward's positional names.
+* :func:`check_signature` (``RewardPool.check_reward_fn``) and
+  :func:`check_picklable` (:class:`~rewards.AsyncRewardWrapper`): start-up checks.
 * :func:`is_async` (``async def`` rewards run in-process, never pickled) and
   :func:`describe_fn` (the name used in every message).
 """
@@ -29,7 +31,11 @@ try:  # mirror trio-parallel: cloudpickle when installed (lambdas, __main__), el
 except ImportError:  # pragma: no cover - cloudpickle comes with tensordict
     from pickle import dumps as _cloud_dumps
 
-__all__ = ["check_picklable", "describe_fn", "dumps", "is_async", "pickle_job"]
+__all__ = ["check_picklable", "check_signature", "describe_fn", "dumps", "is_async", "pickle_job", "reward_data"]
+
+#: the reward function's positional parameters; dataset keys of the same name (a ``prompt``
+#: column) are not passed again as keywords, which would raise "multiple values for argument"
+REWARD_POSITIONAL = frozenset({"prompt", "completions", "prompt_ids", "completion_ids"})
 
 #: How to fix a reward that cannot go to a worker (every unpicklable message ends with it).
 _HOW_TO_FIX = (
@@ -50,6 +56,29 @@ def dumps(obj: Any, protocol: int = HIGHEST_PROTOCOL) -> bytes:
     if b"__main__" in data:  # a spawn worker may have no such module to load it from
         return _cloud_dumps(obj, protocol=protocol)
     return data
+
+
+def reward_data(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the keys that name the reward function's positional parameters."""
+    if REWARD_POSITIONAL.isdisjoint(data):
+        return data
+    return {k: v for k, v in data.items() if k not in REWARD_POSITIONAL}
+
+
+def check_signature(fn: Any, name: str, data: dict[str, Any]) -> None:
+    """Raise :class:`~engine.errors.RewardError` unless ``fn(prompt, completions,
+    prompt_ids, completion_ids, **data)`` binds to ``fn``'s signature (none: passes)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    try:
+        signature.bind("prompt", "completions", [], [], **data)
+    except TypeError as exc:
+        raise RewardError(
+            f"reward function {name} cannot be called as {name.rsplit('.', 1)[-1]}(prompt, "
+            f"completions, prompt_ids, completion_ids, **data) with data keys {sorted(data)}: {exc}"
+        ) from None
 
 
 def describe_fn(fn: Any) -> str:

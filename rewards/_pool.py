@@ -30,14 +30,6 @@ Where we differ from AReaL (**ours**):
 * Stateful :class:`~rewards.RewardActor` s: ``setup()`` once per worker process.
 * Micro-batching of cheap sync rewards, adaptive and on by default.
 
-Exceptions raised by :meth:`RewardPool.score`:
-
-* :class:`~engine.errors.RewardError`: the last attempt raised or its worker
-  died, the function returned an invalid value, or it (or an argument) cannot be
-  pickled, or unpickled in the worker.
-* ``trio.Cancelled``: the caller was cancelled; the worker was killed first.
-* ``trio.ClosedResourceError``: the pool's ``async with`` block has exited.
-
 While a pool's ``async with`` block is open, :func:`current_reward_pool` returns
 it in that task and in tasks started from it afterwards (a context variable), so
 that :class:`~rewards.AsyncRewardWrapper` finds the engine's pool.
@@ -46,7 +38,6 @@ that :class:`~rewards.AsyncRewardWrapper` finds the engine's pool.
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -62,7 +53,7 @@ from ._attempts import Attempts
 from ._batch import Batcher
 from ._context import pool_in_context, record_outcome, using_pool
 from ._options import RewardPoolOptions
-from ._pickling import describe_fn, is_async, pickle_job
+from ._pickling import check_signature, describe_fn, is_async, pickle_job, reward_data
 from ._policy import run_with_policy
 from ._slots import WorkerSlots
 from ._stats import Counters, RewardOutcome, RewardPoolStatistics
@@ -72,25 +63,14 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 __all__ = ["RewardPool", "current_reward_pool", "open_reward_pool", "serving"]
 
-#: the reward function's positional parameters; dataset keys of the same name (a ``prompt``
-#: column) are not passed again as keywords, which would raise "multiple values for argument"
-REWARD_POSITIONAL = frozenset({"prompt", "completions", "prompt_ids", "completion_ids"})
-
-
-def reward_data(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` without the keys that name the reward function's positional parameters."""
-    if REWARD_POSITIONAL.isdisjoint(data):
-        return data
-    return {k: v for k, v in data.items() if k not in REWARD_POSITIONAL}
-
 
 class RewardPool:
     """Scores completions with reward functions in killable worker processes.
 
     Create it with :func:`open_reward_pool`; do not instantiate it directly.
     Its settings are ``options`` (:class:`~rewards.RewardPoolOptions`, with
-    ``max_workers`` resolved), also readable as attributes (``max_workers``,
-    ``timeout_seconds``, ...); ``worker_type`` is ``"ray"`` for the Ray pool.
+    ``max_workers`` resolved, also :attr:`max_workers`); ``worker_type`` is the
+    options' for local workers, ``"ray"`` for the Ray pool.
 
     ``accepts_token_text``: :class:`~rewards.TokenText` arguments are decoded
     where the reward runs (in the worker, or in-process for ``async def``
@@ -111,26 +91,6 @@ class RewardPool:
     def max_workers(self) -> int:
         """The most worker processes (or Ray actors) running at once."""
         return self._slots.max_workers
-
-    @property
-    def timeout_seconds(self) -> float:
-        return self.options.timeout_seconds
-
-    @property
-    def max_retries(self) -> int:
-        return self.options.max_retries
-
-    @property
-    def fallback_reward(self) -> float:
-        return self.options.fallback_reward
-
-    @property
-    def batch_size(self) -> int:
-        return self.options.batch_size
-
-    @property
-    def max_batch_delay_s(self) -> float:
-        return self.options.max_batch_delay_s
 
     @property
     def closed(self) -> bool:
@@ -157,8 +117,11 @@ class RewardPool:
             A :class:`RewardOutcome`; ``is_fallback`` is True if every attempt timed out.
 
         Raises:
-            RewardError: see the module docstring.
-            trio.ClosedResourceError: the pool is closed.
+            RewardError: the last attempt raised or its worker died, the function
+                returned an invalid value, or it (or an argument) cannot be pickled,
+                or unpickled in the worker.
+            trio.Cancelled: the caller was cancelled; the worker was killed first.
+            trio.ClosedResourceError: the pool's ``async with`` block has exited.
         """
         return await self.score_call(reward_fn, (prompt, completions, prompt_ids, completion_ids), reward_data(data))
 
@@ -228,19 +191,7 @@ class RewardPool:
             raise RewardError(f"reward function {reward_fn!r} is not callable")
         name = describe_fn(reward_fn)
         if data is not None:
-            data = reward_data(data)
-            try:
-                signature = inspect.signature(reward_fn)
-            except (TypeError, ValueError):  # a builtin without a signature: nothing to check
-                signature = None
-            if signature is not None:
-                try:
-                    signature.bind("prompt", "completions", [], [], **data)
-                except TypeError as exc:
-                    raise RewardError(
-                        f"reward function {name} cannot be called as {name.rsplit('.', 1)[-1]}(prompt, "
-                        f"completions, prompt_ids, completion_ids, **data) with data keys {sorted(data)}: {exc}"
-                    ) from None
+            check_signature(reward_fn, name, reward_data(data))
         if is_async(reward_fn):
             return
         job, _ = pickle_job(reward_fn, name, (), {})
@@ -292,11 +243,11 @@ _Pool = TypeVar("_Pool", bound=RewardPool)
 @asynccontextmanager
 async def serving(pool: _Pool) -> AsyncIterator[_Pool]:
     """Make ``pool`` the current pool (:func:`current_reward_pool`) for the block, with
-    its batcher running when ``pool.batch_size > 1``; closed on exit.  Shared by every
+    its batcher running when ``pool.options.batch_size > 1``; closed on exit.  Shared by every
     pool opener (local processes, Ray actors)."""
     try:
         with using_pool(pool):
-            if pool.batch_size == 1:
+            if pool.options.batch_size == 1:
                 yield pool
             else:
                 async with _batching(pool):
@@ -312,7 +263,7 @@ async def _batching(pool: RewardPool) -> AsyncIterator[None]:
     comes out unwrapped, as it does without batching."""
     try:
         async with trio.open_nursery() as nursery:
-            batcher = Batcher(pool._slots, nursery, pool.batch_size, pool.max_batch_delay_s)
+            batcher = Batcher(pool._slots, nursery, pool.options.batch_size, pool.options.max_batch_delay_s)
             pool._attempts.batcher = batcher
             nursery.start_soon(batcher.loop)
             try:

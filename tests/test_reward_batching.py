@@ -209,7 +209,7 @@ def test_the_engine_and_the_pool_batch_by_default():
 @pytest.mark.slow
 async def test_the_default_pool_batches_a_burst_and_keeps_every_result():
     async with open_reward_pool(max_workers=1, timeout_seconds=30.0) as pool:
-        assert pool.batch_size == DEFAULT_BATCH_SIZE
+        assert pool.options.batch_size == DEFAULT_BATCH_SIZE
         await pool.score(fx.return_value, "p", "c", [], [], value=-1)  # starts the worker, measured
         results = {}
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rewards import RewardPoolOptions
+
 __all__ = ["EngineConfig", "STALENESS_POLICIES"]
 
 STALENESS_POLICIES = ("drop", "flag")
 REWARD_BACKENDS = ("local", "ray")
+_REWARD_DEFAULTS = RewardPoolOptions()  # the reward_* fields' defaults: the pool's own
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +40,9 @@ class EngineConfig:
             record under ``dump_dir/<version>/`` (:mod:`engine.dump`).
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
         reward_worker_type, reward_batch_size, reward_max_batch_delay_s: the
-            reward pool's policy and micro-batching (see :func:`rewards.open_reward_pool`).
+            reward pool's policy and micro-batching: the fields of
+            :class:`rewards.RewardPoolOptions` (its defaults and validation;
+            :attr:`reward_options` gathers them), see :func:`rewards.open_reward_pool`.
             Batching is on by default and adapts to the load: a reward that finds
             a worker free runs at once, alone; under load a worker job takes what
             waits (at most ``reward_batch_size``, and ~20 ms of measured reward
@@ -71,12 +76,12 @@ class EngineConfig:
     reward_normalization: bool = False
     should_accept_timeout_s: float = 30.0
     dump_dir: str | None = None
-    reward_timeout_seconds: float = 15.0
-    reward_max_retries: int = 3
-    reward_max_workers: int | None = None
-    reward_worker_type: str = "spawn"
-    reward_batch_size: int = 64  # rewards._batch.DEFAULT_BATCH_SIZE
-    reward_max_batch_delay_s: float = 0.0
+    reward_timeout_seconds: float = _REWARD_DEFAULTS.timeout_seconds
+    reward_max_retries: int = _REWARD_DEFAULTS.max_retries
+    reward_max_workers: int | None = _REWARD_DEFAULTS.max_workers
+    reward_worker_type: str = _REWARD_DEFAULTS.worker_type
+    reward_batch_size: int = _REWARD_DEFAULTS.batch_size
+    reward_max_batch_delay_s: float = _REWARD_DEFAULTS.max_batch_delay_s
     reward_backend: str = "local"
     reward_ray_address: str | None = None
     gc_tuning: bool = False
@@ -94,14 +99,12 @@ class EngineConfig:
             raise ValueError(f"buffer_capacity must be >= 1 trajectory, got {self.buffer_capacity}")
         if self.staleness_policy not in STALENESS_POLICIES:
             raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {self.staleness_policy!r}")
-        for name in ("should_accept_timeout_s", "reward_timeout_seconds"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        value = self.should_accept_timeout_s
+        if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
+            raise ValueError(f"should_accept_timeout_s must be a number > 0, got {value!r}")
+        _ = self.reward_options  # validates the reward_* fields (a ValueError names the field)
         if self.reward_backend not in REWARD_BACKENDS:
             raise ValueError(f"reward_backend must be one of {REWARD_BACKENDS}, got {self.reward_backend!r}")
-        if self.reward_max_retries < 0:
-            raise ValueError(f"reward_max_retries must be >= 0, got {self.reward_max_retries}")
         if self.failure_breaker_consecutive is not None and self.failure_breaker_consecutive < 1:
             raise ValueError(f"failure_breaker_consecutive must be >= 1 or None, got {self.failure_breaker_consecutive}")
         if self.failure_breaker_window < 1:
@@ -109,3 +112,19 @@ class EngineConfig:
         rate = self.failure_breaker_rate
         if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
             raise ValueError(f"failure_breaker_rate must be in (0, 1] or None, got {rate!r}")
+
+    @property
+    def reward_options(self) -> RewardPoolOptions:
+        """The ``reward_*`` fields as the reward pool's options (what the engine opens its pool with).
+
+        Raises:
+            ValueError: a ``reward_*`` field is out of range (the message names it).
+        """
+        try:
+            return RewardPoolOptions(
+                max_workers=self.reward_max_workers, timeout_seconds=self.reward_timeout_seconds,
+                max_retries=self.reward_max_retries, worker_type=self.reward_worker_type,
+                batch_size=self.reward_batch_size, max_batch_delay_s=self.reward_max_batch_delay_s,
+            )
+        except ValueError as exc:  # its message begins with the option's name: name our field
+            raise ValueError(f"reward_{exc}") from None

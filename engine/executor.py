@@ -750,13 +750,10 @@ async def _maybe_pool(pool: Any, config: EngineConfig, opener: Any) -> AsyncIter
     if pool is not None:
         yield pool
         return
-    backend_options: dict[str, Any] = {"worker_type": config.reward_worker_type}
+    backend_options: dict[str, Any] = {}
     if config.reward_backend == "ray":  # Ray actors instead of local worker processes
         from rewards._ray_pool import open_ray_reward_pool as opener
 
         backend_options = {"address": config.reward_ray_address}
-    async with opener(timeout_seconds=config.reward_timeout_seconds, max_retries=config.reward_max_retries,
-                      max_workers=config.reward_max_workers, **backend_options,
-                      batch_size=config.reward_batch_size,
-                      max_batch_delay_s=config.reward_max_batch_delay_s) as opened:
+    async with opener(config.reward_options, **backend_options) as opened:
         yield opened

@@ -200,10 +200,10 @@ def resolve_reward_fn(reward_fn: Any) -> Any:
         return reward_fn  # runs in-process: never pickled
     import pickle
 
-    from rewards._pool import _dumps
+    from rewards._pickling import dumps
 
     try:
-        pickle.loads(_dumps(reward_fn))
+        pickle.loads(dumps(reward_fn))
     except Exception as exc:
         raise RewardError(
             f"reward function {spec!r}: cannot be sent to a reward worker process "

@@ -7,7 +7,8 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
 
 - :func:`open_reward_pool` / :class:`RewardPool`: timeout, retry, fallback and
   kill policy (AReaL ``AsyncRewardWrapper``, ``areal/api/reward_api.py``),
-  optional micro-batching; :func:`current_reward_pool`,
+  optional micro-batching, settings in one frozen :class:`RewardPoolOptions`;
+  :func:`current_reward_pool`,
   :func:`collect_reward_outcomes` (per-episode fallback flag).
 - :class:`RewardActor`: ``setup()`` once per worker process, then calls.
 - ``rewards._ray_pool.open_ray_reward_pool``: the same pool with Ray actors as
@@ -30,6 +31,7 @@ __all__ = [
     "RewardActor",
     "RewardOutcome",
     "RewardPool",
+    "RewardPoolOptions",
     "RewardPoolStatistics",
     "TokenText",
     "code_reward",
@@ -48,13 +50,14 @@ __all__ = [
 _LAZY = {
     "AsyncRewardWrapper": "rewards._wrapper",
     "RewardActor": "rewards._actor",
-    "RewardOutcome": "rewards._outcome",
+    "RewardOutcome": "rewards._stats",
     "RewardPool": "rewards._pool",
-    "RewardPoolStatistics": "rewards._outcome",
+    "RewardPoolOptions": "rewards._options",
+    "RewardPoolStatistics": "rewards._stats",
     "TokenText": "rewards._worker",
     "code_reward": "rewards.code",
-    "collect_reward_outcomes": "rewards._outcome",
-    "current_reward_pool": "rewards._outcome",
+    "collect_reward_outcomes": "rewards._context",
+    "current_reward_pool": "rewards._pool",
     "exact_match_reward": "rewards.exact_match",
     "extract_answer": "rewards.gsm8k",
     "format_reward": "rewards.format",
@@ -67,13 +70,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ._actor import RewardActor
-    from ._outcome import (
-        RewardOutcome,
-        RewardPoolStatistics,
-        collect_reward_outcomes,
-        current_reward_pool,
-    )
-    from ._pool import RewardPool, open_reward_pool
+    from ._context import collect_reward_outcomes
+    from ._options import RewardPoolOptions
+    from ._pool import RewardPool, current_reward_pool, open_reward_pool
+    from ._stats import RewardOutcome, RewardPoolStatistics
     from ._text import tokenizer_file
     from ._worker import TokenText
     from ._wrapper import AsyncRewardWrapper

@@ -49,21 +49,16 @@ Policy, so that batching never changes a call's result:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from . import _worker
-
-if TYPE_CHECKING:
-    from ._pool import RewardPool
+from ._options import DEFAULT_BATCH_SIZE
+from ._slots import WorkerSlots
 
 __all__ = ["BATCH_WORK_S", "DEFAULT_BATCH_SIZE", "BatchFailed", "Batcher"]
 
-#: The most calls in one worker job by default (``open_reward_pool(batch_size=)``,
-#: ``EngineConfig.reward_batch_size``); the batcher sends fewer when fewer wait
-#: or when the reward is not cheap.
-DEFAULT_BATCH_SIZE = 64
 #: Seconds of reward work one batch carries at most (from the measured mean call time).
 BATCH_WORK_S = 0.02
 _EWMA_WEIGHT = 0.2  # weight of the newest batch in the call-time estimate
@@ -110,8 +105,10 @@ class Batcher:
     """Collects first attempts into batches for a :class:`~rewards.RewardPool`.
 
     Args:
-        pool: the pool whose worker slots (``pool._limiter``) and jobs
-            (``pool._run_job``) the batches use.
+        slots: the pool's worker slots: a batch holds one slot
+            (``slots.limiter``) and runs as one job (``slots.run_job``); its
+            ``batches``, ``batched_calls`` and ``batch_failures`` are counted in
+            ``slots.counters``.
         nursery: where batches run when the pool has several workers.
         batch_size: the most calls in one job (>= 2).
         max_delay_s: seconds a batch may wait for more calls once it holds a
@@ -120,10 +117,10 @@ class Batcher:
     """
 
     def __init__(
-        self, pool: RewardPool, nursery: trio.Nursery, batch_size: int, max_delay_s: float,
+        self, slots: WorkerSlots, nursery: trio.Nursery, batch_size: int, max_delay_s: float,
         work_s: float = BATCH_WORK_S,
     ) -> None:
-        self._pool = pool
+        self._slots = slots
         self._nursery = nursery
         self._batch_size = batch_size
         self._max_delay_s = max_delay_s
@@ -179,7 +176,7 @@ class Batcher:
 
     async def loop(self) -> None:
         """Form batches until cancelled (by the pool's exit)."""
-        limiter = self._pool._limiter
+        limiter = self._slots.limiter
         while True:
             first = await self._next_live()
             borrower = object()
@@ -208,7 +205,7 @@ class Batcher:
                 self._nursery.start_soon(self._run_batch, batch, borrower)
 
     async def _run_batch(self, batch: list[_Item], borrower: object) -> None:
-        pool = self._pool
+        slots = self._slots
         try:
             live = [item for item in batch if not item.abandoned]
             if not live:
@@ -219,13 +216,13 @@ class Batcher:
                 item.running = running
             try:
                 with running.scope:  # cancelled when every caller has given up: the worker is killed
-                    results, work_s = await pool._run_job(
+                    results, work_s = await slots.run_job(
                         _worker.run_batch, [item.job for item in live], timeout=timeout
                     )
                 if running.scope.cancelled_caught:
                     return  # nobody is waiting for these results
             except Exception as exc:
-                # _Timeout (worker killed), BrokenWorkerError, or a result that
+                # JobTimeout (worker killed), BrokenWorkerError, or a result that
                 # could not be sent back.  Calls run alone until fast ones bring
                 # the estimate down.  A call that ran alone failed by itself: that
                 # is its attempt's outcome (a second run alone would only repeat
@@ -234,17 +231,17 @@ class Batcher:
                 if len(live) == 1:
                     live[0].error = exc
                 else:
-                    pool._batch_failures += 1
+                    slots.counters.batch_failures += 1
                 for item in live:
                     item.failed = True
             else:
-                pool._batches += 1
-                pool._batched_calls += len(live)
+                slots.counters.batches += 1
+                slots.counters.batched_calls += len(live)
                 self._measured(work_s / len(live))
                 for item, result in zip(live, results):
                     item.result = result
         finally:
-            pool._limiter.release_on_behalf_of(borrower)
+            slots.limiter.release_on_behalf_of(borrower)
             for item in batch:
                 if item.result is None:
                     item.failed = True

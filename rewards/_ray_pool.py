@@ -1,10 +1,12 @@
 """A reward pool whose workers are Ray actors (``reward_backend="ray"``).
 
-Same API and policy as :func:`rewards.open_reward_pool` (see :mod:`rewards._pool`:
-per-attempt timeout, ``max_retries`` retries, flagged fallback after the last
-timeout, :data:`~rewards._pool.DETERMINISTIC_ERRORS` raised at once, ``async def``
+Same API, options (:class:`~rewards.RewardPoolOptions`) and policy as
+:func:`rewards.open_reward_pool` (see :mod:`rewards._policy`: per-attempt timeout,
+``max_retries`` retries, flagged fallback after the last timeout,
+:data:`~rewards._policy.DETERMINISTIC_ERRORS` raised at once, ``async def``
 rewards in-process, micro-batching); the class is a :class:`~rewards.RewardPool`
-whose worker half runs in Ray actors instead of trio-parallel processes:
+whose worker slots (:class:`RaySlots`) run jobs in Ray actors instead of
+trio-parallel processes:
 
 * Each worker is a Ray actor (:class:`_RewardWorker`, ``max_concurrency=1``)
   running :func:`rewards._worker.run_job` on the same pickled jobs, so a
@@ -46,9 +48,12 @@ import trio_parallel
 from engine.errors import RewardError
 
 from . import _worker
-from ._pool import RewardPool, _Timeout, _validate, default_max_workers, serving
+from ._options import RewardPoolOptions
+from ._pool import RewardPool, serving
+from ._slots import JobTimeout, WorkerSlots
+from ._stats import Counters
 
-__all__ = ["RayRewardPool", "open_ray_reward_pool"]
+__all__ = ["RayRewardPool", "RaySlots", "open_ray_reward_pool"]
 
 
 class _RewardWorker:
@@ -69,14 +74,6 @@ class _RewardWorker:
             return False, _worker._portable(exc)
 
 
-class _WorkerStatistics:
-    __slots__ = ("idle_workers", "running_workers")
-
-    def __init__(self, running_workers: int, idle_workers: int) -> None:
-        self.running_workers = running_workers
-        self.idle_workers = idle_workers
-
-
 class _RayActors:
     """The pool's Ray actors: idle ones, running count; makes and kills them."""
 
@@ -88,9 +85,6 @@ class _RayActors:
         self.idle: list[Any] = []
         self.running = 0
         self.started = 0  # actors created over the pool's life
-
-    def statistics(self) -> _WorkerStatistics:
-        return _WorkerStatistics(self.running, len(self.idle))
 
     async def get(self) -> Any:
         """An idle actor, or a new one once it is ready (not timed by the attempt)."""
@@ -149,29 +143,32 @@ class _Unbounded:
 _THREADS: Any = _Unbounded()
 
 
-class RayRewardPool(RewardPool):
-    """A :class:`~rewards.RewardPool` whose sync rewards run in Ray actors.
+class RaySlots(WorkerSlots):
+    """:class:`~rewards._slots.WorkerSlots` whose jobs run in Ray actors.
 
-    Create it with :func:`open_ray_reward_pool`.  ``worker_type`` is ``"ray"``.
+    Attributes:
+        actors: the pool's Ray actors (``actors.started``: created over the pool's life).
     """
 
-    _ctx: _RayActors
+    def __init__(self, actors: _RayActors, max_workers: int, counters: Counters) -> None:
+        super().__init__(None, max_workers, counters)
+        self.actors = actors
 
-    async def _run_job(self, function: Any, *args: Any, timeout: float) -> Any:
+    async def run_job(self, function: Any, *args: Any, timeout: float) -> Any:
         """``function(*args)`` in a Ray actor (slot already held); kill the actor on
         timeout or cancellation.
 
         Raises:
-            _Timeout: the job ran past ``timeout``; its actor was killed.
+            JobTimeout: the job ran past ``timeout``; its actor was killed.
             trio_parallel.BrokenWorkerError: the actor's process died.
             Exception: what ``function`` raised in the actor.
         """
-        actors = self._ctx
+        actors, counters = self.actors, self.counters
         ray = actors.ray
         try:
             actor = await actors.get()
         except ray.exceptions.RayActorError as exc:  # died while starting
-            self._worker_deaths += 1
+            counters.worker_deaths += 1
             raise trio_parallel.BrokenWorkerError(f"Ray reward actor died at start: {exc}") from None
         actors.running += 1
         keep = False
@@ -181,25 +178,45 @@ class RayRewardPool(RewardPool):
                 try:
                     ok, value = await await_ref(ray, ref)
                 except ray.exceptions.RayActorError as exc:
-                    self._worker_deaths += 1
+                    counters.worker_deaths += 1
                     raise trio_parallel.BrokenWorkerError(f"Ray reward actor died: {exc}") from None
                 except trio.Cancelled:
                     if not scope.cancel_called:  # the caller was cancelled, not our timeout
-                        self._workers_killed += 1
+                        counters.workers_killed += 1
                     raise
             if scope.cancelled_caught:
-                self._workers_killed += 1
-                raise _Timeout
+                counters.workers_killed += 1
+                raise JobTimeout
             keep = True
         finally:
             actors.running -= 1
-            if keep and not self._closed:
+            if keep and not self.closed:
                 actors.idle.append(actor)
             else:
                 actors.kill(actor)
         if not ok:
             raise value
         return value
+
+    def worker_counts(self) -> tuple[int, int]:
+        """``(running, idle)`` Ray actors now; ``(0, 0)`` once closed."""
+        if self.closed:
+            return 0, 0
+        return self.actors.running, len(self.actors.idle)
+
+
+class RayRewardPool(RewardPool):
+    """A :class:`~rewards.RewardPool` whose sync rewards run in Ray actors.
+
+    Create it with :func:`open_ray_reward_pool`.  ``worker_type`` is ``"ray"``.
+    """
+
+    _slots: RaySlots
+
+    @property
+    def actors_started(self) -> int:
+        """Ray actors created over the pool's life."""
+        return self._slots.actors.started
 
 
 def local_job_config(ray: Any) -> Any:
@@ -232,24 +249,20 @@ def _import_ray() -> Any:
 
 @asynccontextmanager
 async def open_ray_reward_pool(
+    options: RewardPoolOptions | None = None,
+    /,
     *,
-    max_workers: int | None = None,
-    timeout_seconds: float = 15.0,
-    max_retries: int = 3,
-    fallback_reward: float = 0.0,
-    batch_size: int = 1,
-    max_batch_delay_s: float = 0.0,
     address: str | None = None,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     actor_start_timeout_s: float = 120.0,
+    **overrides: Any,
 ) -> AsyncIterator[RayRewardPool]:
     """Open a :class:`RayRewardPool` whose actors live as long as the ``async with`` block.
 
     Args:
-        max_workers, timeout_seconds, max_retries, fallback_reward, batch_size,
-            max_batch_delay_s: as in :func:`rewards.open_reward_pool`
-            (``max_workers``: Ray actors at most).
+        options, overrides: as in :func:`rewards.open_reward_pool` (``max_workers``:
+            Ray actors at most; ``worker_type`` is unused).
         address: a Ray cluster to connect to (``ray.init(address=...)``); None
             starts a local Ray, unless this process has initialised Ray already
             (then that one is used).
@@ -258,34 +271,25 @@ async def open_ray_reward_pool(
 
     Raises:
         ValueError: an argument is out of range (the message names it).
+        TypeError: a keyword names no option.
         RuntimeError: Ray is not installed.
 
     On exit the pool is closed and its actors killed; a Ray started here is shut down.
     """
-    if max_workers is None:
-        max_workers = default_max_workers()
-    _validate(max_workers, timeout_seconds, max_retries, fallback_reward, "spawn", batch_size, max_batch_delay_s)
+    options = (options or RewardPoolOptions()).with_changes("open_ray_reward_pool", **overrides).resolved()
+    assert options.max_workers is not None
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if not (isinstance(actor_start_timeout_s, (int, float)) and actor_start_timeout_s > 0):
         raise ValueError(f"actor_start_timeout_s must be a number > 0, got {actor_start_timeout_s!r}")
     ray = _import_ray()
-    local_cpus = max(1, math.ceil(max_workers * num_cpus))
+    local_cpus = max(1, math.ceil(options.max_workers * num_cpus))
     started = await trio.to_thread.run_sync(_init_ray, ray, address, local_cpus)
     actor_class = ray.remote(_RewardWorker)
-    options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1, "max_restarts": 0}
-    actors = _RayActors(ray, actor_class, options, float(actor_start_timeout_s))
-    pool = RayRewardPool(
-        context=actors,  # type: ignore[arg-type]
-        max_workers=max_workers,
-        timeout_seconds=float(timeout_seconds),
-        max_retries=max_retries,
-        fallback_reward=float(fallback_reward),
-        worker_type="ray",
-        batch_size=batch_size,
-        max_batch_delay_s=float(max_batch_delay_s),
-    )
+    actor_options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1, "max_restarts": 0}
+    actors = _RayActors(ray, actor_class, actor_options, float(actor_start_timeout_s))
+    pool = RayRewardPool(options, RaySlots(actors, options.max_workers, Counters()), "ray")
     try:
         async with serving(pool) as served:
             yield served

@@ -5,7 +5,7 @@ the standard library.  :func:`run_job` is module-level so that trio-parallel can
 pickle it by reference.
 
 The parent pickles ``(reward_fn, args, kwargs)`` itself (see
-:mod:`rewards._pool`) so that an unpicklable function or argument is reported
+:mod:`rewards._pickling`) so that an unpicklable function or argument is reported
 with a clear message before any process is involved, and so that the bytes are
 made once per call, not once per attempt.  A :class:`~rewards.RewardActor`
 travels as an :class:`ActorRef` (its key and its own pickled bytes): the

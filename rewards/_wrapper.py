@@ -29,21 +29,12 @@ flag the episode).
 from __future__ import annotations
 
 import contextlib
-from pickle import HIGHEST_PROTOCOL
 from typing import Any
 
-from engine.errors import RewardError
-
-from ._outcome import RewardOutcome, current_reward_pool
-from ._pool import (
-    RewardPool,
-    _check_int,
-    _check_seconds,
-    _describe_fn,
-    _dumps,
-    _is_async,
-    open_reward_pool,
-)
+from ._options import DEFAULTS, RewardPoolOptions
+from ._pickling import check_picklable
+from ._pool import RewardPool, current_reward_pool, open_reward_pool
+from ._stats import RewardOutcome
 
 __all__ = ["AsyncRewardWrapper"]
 
@@ -74,26 +65,18 @@ class AsyncRewardWrapper:
     def __init__(
         self,
         reward_fn: Any,
-        timeout_seconds: float = 15,
-        max_workers: int | None = None,
-        max_retries: int = 3,
+        timeout_seconds: float = DEFAULTS.timeout_seconds,
+        max_workers: int | None = DEFAULTS.max_workers,
+        max_retries: int = DEFAULTS.max_retries,
     ) -> None:
-        _check_seconds("timeout_seconds", timeout_seconds)
-        _check_int("max_retries", max_retries, 0)
-        if max_workers is not None:
-            _check_int("max_workers", max_workers, 1)
-        if not _is_async(reward_fn):
-            try:
-                _dumps(reward_fn, protocol=HIGHEST_PROTOCOL)
-            except Exception as exc:
-                raise RewardError(
-                    f"reward function {_describe_fn(reward_fn)} cannot be pickled for a "
-                    f"worker process: {type(exc).__name__}: {exc} (define it at module "
-                    "level, create unpicklable state in a RewardActor's setup(), or make "
-                    "it 'async def' to run in-process)"
-                ) from exc
+        #: the wrapper's own pool's settings (its ``timeout_seconds`` and ``max_retries``
+        #: also apply on the current pool); validated here
+        self.options = RewardPoolOptions(
+            timeout_seconds=timeout_seconds, max_workers=max_workers, max_retries=max_retries
+        )
+        check_picklable(reward_fn)
         self.reward_fn = reward_fn
-        self.timeout_seconds = float(timeout_seconds)
+        self.timeout_seconds = self.options.timeout_seconds
         self.max_workers = max_workers
         self.max_retries = max_retries
         self.calls = 0
@@ -107,11 +90,7 @@ class AsyncRewardWrapper:
             raise RuntimeError("this AsyncRewardWrapper's 'async with' block is already open")
         stack = contextlib.AsyncExitStack()
         self._pool = await stack.enter_async_context(
-            open_reward_pool(
-                max_workers=self.max_workers,
-                timeout_seconds=self.timeout_seconds,
-                max_retries=self.max_retries,
-            )
+            open_reward_pool(self.options)
         )
         self._stack = stack
         return self
@@ -141,8 +120,8 @@ class AsyncRewardWrapper:
             RewardError: as :meth:`RewardPool.score`.
             RuntimeError: there is no pool (see the module docstring).
         """
-        outcome = await self._current_pool()._score(
-            self.reward_fn, args, data, self.timeout_seconds, self.max_retries
+        outcome = await self._current_pool().score_call(
+            self.reward_fn, args, data, timeout_seconds=self.timeout_seconds, max_retries=self.max_retries
         )
         self.calls += 1
         self.fallbacks += outcome.is_fallback

@@ -113,7 +113,7 @@ class WeightedSum(RewardActor):
     """
 
     def __init__(self, components: Iterable[tuple[Callable[..., Any], float]]) -> None:
-        parts = []
+        parts: list[tuple[Callable[..., Any], float]] = []
         for entry in components:
             try:
                 fn, weight = entry

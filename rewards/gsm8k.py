@@ -20,8 +20,7 @@ no).  It does not evaluate fractions or expressions.
 symbolic answers such as ``\\frac{1}{2}``.
 
 This module imports only the standard library; it runs in reward worker
-processes.  ``rewards.math`` re-exports its names for compatibility (they lived
-there first).
+processes.
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ from __future__ import annotations
 import math
 import re
 from typing import Any
+
+from ._math_verify import answers_equal, gold_text
 
 __all__ = ["extract_answer", "gsm8k_reward", "parse_number"]
 
@@ -96,22 +97,6 @@ def parse_number(s: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _gold_answer(answer: str) -> str:
-    """GSM8K gold: the text after the last ``####`` (first line), else all of it."""
-    marker = answer.rfind("####")
-    if marker == -1:
-        return answer.strip()
-    rest = answer[marker + 4 :].strip()
-    return rest.splitlines()[0].strip() if rest else ""
-
-
-def _symbolic_equal(gold: str, pred: str) -> bool:
-    """math_verify's equivalence of two answer strings (False if unparsable)."""
-    from .math import answers_equal  # imports math_verify (slow): only when needed
-
-    return answers_equal(gold, pred)
-
-
 def gsm8k_reward(
     prompt: Any,
     completions: str,
@@ -129,10 +114,10 @@ def gsm8k_reward(
         prompt, prompt_ids, completion_ids, data: unused (AReaL's signature).
     """
     pred = extract_answer(str(completions))
-    gold = _gold_answer(str(answer))
+    gold = gold_text(str(answer))
     if pred is None or not gold:
         return 0.0
     pred_value, gold_value = parse_number(pred), parse_number(gold)
     if pred_value is not None and gold_value is not None:
         return 1.0 if abs(pred_value - gold_value) < _TOLERANCE else 0.0
-    return 1.0 if _symbolic_equal(gold, pred) else 0.0
+    return 1.0 if answers_equal(gold, pred) else 0.0  # imports math_verify (slow): only when needed

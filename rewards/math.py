@@ -15,69 +15,17 @@ mathematically equal to the gold answer, as decided by HuggingFace
   intervals are read as such.
 
 math-verify is imported on first use (about 0.7 s), so importing this module
-stays cheap; reward workers pay the import once.  Its own time limits use
-``SIGALRM`` and so work only in a process's main thread (they are on in reward
-workers, off elsewhere); the pool's timeout kills a worker in any case.
-
-For compatibility this module also re-exports the GSM8K names
-(:func:`~rewards.gsm8k.gsm8k_reward`, :func:`~rewards.gsm8k.extract_answer`,
-:func:`~rewards.gsm8k.parse_number`), which lived here first.
+stays cheap; reward workers pay the import once.  The parsing and the time
+limits are in :mod:`rewards._math_verify`, shared with :mod:`rewards.gsm8k`.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from .gsm8k import extract_answer, gsm8k_reward, parse_number
+from ._math_verify import answers_equal
 
-__all__ = ["answers_equal", "extract_answer", "gsm8k_reward", "math_reward", "parse_number"]
-
-_TIMEOUT_S = 5  # math_verify's alarm-based limit per parse/verify (main thread only)
-_DELIMITERS = ("$", "\\boxed", "\\[", "\\(")
-
-
-def _limit() -> int | None:
-    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-def _gold_text(answer: str) -> str:
-    text = answer.strip()
-    marker = text.rfind("####")
-    if marker != -1:
-        rest = text[marker + 4 :].strip()
-        text = rest.splitlines()[0].strip() if rest else ""
-    return text
-
-
-def _parse_gold(answer: str) -> list[Any]:
-    from math_verify import parse
-
-    text = _gold_text(answer)
-    if not text:
-        return []
-    candidates = [text] if any(d in text for d in _DELIMITERS) else [f"${text}$", text]
-    for candidate in candidates:
-        parsed = parse(candidate, parsing_timeout=_limit())
-        if parsed:
-            return parsed
-    return []
-
-
-def answers_equal(gold: str, prediction: str) -> bool:
-    """True if ``prediction`` (any text) holds an answer equal to ``gold``.
-
-    False when either side cannot be parsed.
-    """
-    from math_verify import parse, verify
-
-    gold_parsed = _parse_gold(gold)
-    if not gold_parsed:
-        return False
-    pred_parsed = parse(prediction, parsing_timeout=_limit())
-    if not pred_parsed:
-        return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=_limit()))
+__all__ = ["answers_equal", "math_reward"]
 
 
 def math_reward(

@@ -97,7 +97,7 @@ async def test_a_hung_actor_is_killed_and_replaced_while_200_others_finish(tmp_p
                 nursery.start_soon(functools.partial(pool.score, reward_fixtures.sleep_then_return, *ARGS,
                                                      seconds=0.5))
         assert pool.statistics().workers_idle == 4
-        actors_started = pool._ctx.started
+        actors_started = pool.actors_started
     assert sorted(results) == [float(i) for i in range(200)]
     assert hung[0].is_fallback and hung[0].reward == 0.0 and hung[0].attempts == 1
     assert (s.successes, s.fallbacks, s.timeouts, s.workers_killed, s.errors) == (200, 1, 1, 1, 0)
@@ -174,7 +174,7 @@ async def test_async_rewards_run_in_process_under_the_policy():
         assert (await pool.score(judge, *ARGS)).reward == float(len("completion"))
         actor = AsyncJudge()
         assert [(await pool.score(actor, *ARGS)).reward for _ in range(3)] == [1.0, 1.0, 1.0]
-        assert pool._ctx.started == 0  # no Ray actor was needed
+        assert pool.actors_started == 0  # no Ray actor was needed
     assert ray.is_initialized()  # the module's Ray: not started by the pool, so not shut down by it
 
 

@@ -17,28 +17,29 @@ import trio
 from engine import EngineConfig
 from rewards import open_reward_pool
 from rewards._batch import BATCH_WORK_S, DEFAULT_BATCH_SIZE, Batcher, BatchFailed
+from rewards._stats import Counters
 from rewards._worker import OK
 
 import reward_fixtures as fx
 
 
 class _FakePool:
-    """What the batcher uses of a RewardPool: worker slots and ``_run_job``."""
+    """What the batcher uses of a pool's WorkerSlots: ``limiter``, ``run_job``, ``counters``."""
 
     def __init__(self, workers: int, cost_s: float, fail_when: float | None = None) -> None:
-        self._limiter = trio.CapacityLimiter(workers)
+        self.limiter = trio.CapacityLimiter(workers)
+        self.counters = Counters()
         self.cost_s = cost_s
         self.fail_when = fail_when  # a job holding a call whose value is this times out
         self.jobs: list[tuple[float, list[int]]] = []  # (start time, values)
         self.killed: list[float] = []  # when a running job was cancelled (its worker killed)
-        self._batches = self._batched_calls = self._batch_failures = 0
 
-    async def _run_job(self, function, jobs, *, timeout):
+    async def run_job(self, function, jobs, *, timeout):
         values = [int(job) for job in jobs]
         self.jobs.append((trio.current_time(), values))
         if self.fail_when in values:
             await trio.sleep(timeout)
-            raise TimeoutError  # stands for the pool's _Timeout (the worker killed)
+            raise TimeoutError  # stands for the slots' JobTimeout (the worker killed)
         work = self.cost_s * len(values)
         try:
             await trio.sleep(work)
@@ -100,7 +101,7 @@ async def test_under_load_batches_form_from_what_waits(autojump_clock):
     assert sizes[0] == 1  # nothing measured yet: the first call goes alone
     assert sizes[1:] == [20] * 5  # then the backlog, 20 calls (~20 ms of work) per job
     assert results == {v: (OK, float(v)) for v in range(101)}  # each call its own result
-    assert pool._batches == 6 and pool._batched_calls == 101
+    assert pool.counters.batches == 6 and pool.counters.batched_calls == 101
     assert trio.current_time() == pytest.approx(0.101)  # the worker never idled
 
 
@@ -162,7 +163,7 @@ async def test_a_call_that_ran_alone_fails_by_itself_not_as_a_batch(autojump_clo
 
     batcher = await _with_batcher(pool, body)
     assert results == {3: "its own timeout"} and len(pool.jobs) == 1
-    assert pool._batch_failures == 0 and batcher.cap() == 1
+    assert pool.counters.batch_failures == 0 and batcher.cap() == 1
 
 
 async def test_cancelling_the_last_caller_kills_its_job_and_no_other(autojump_clock):
@@ -208,7 +209,7 @@ def test_the_engine_and_the_pool_batch_by_default():
 @pytest.mark.slow
 async def test_the_default_pool_batches_a_burst_and_keeps_every_result():
     async with open_reward_pool(max_workers=1, timeout_seconds=30.0) as pool:
-        assert pool.batch_size == DEFAULT_BATCH_SIZE
+        assert pool.options.batch_size == DEFAULT_BATCH_SIZE
         await pool.score(fx.return_value, "p", "c", [], [], value=-1)  # starts the worker, measured
         results = {}
 

@@ -27,8 +27,8 @@ import reward_fixtures as fx
 import rewards
 from engine.errors import RewardError
 from rewards import RewardOutcome, extract_answer, gsm8k_reward, open_reward_pool
-from rewards._pool import default_max_workers
-from rewards.math import parse_number
+from rewards._options import default_max_workers
+from rewards.gsm8k import parse_number
 import trio.lowlevel
 
 ARGS = ("What is 6 * 3?", "6 * 3 = 18\n#### 18", [1, 2, 3], [4, 5])
@@ -84,7 +84,7 @@ async def test_timeout_kills_its_worker_while_another_call_completes(tmp_path):
 
 async def test_timeouts_are_retried_then_fall_back_with_a_flag(tmp_path, caplog):
     log = tmp_path / "attempts.log"
-    caplog.set_level(logging.WARNING, logger="rollout.rewards._pool")
+    caplog.set_level(logging.WARNING, logger="rollout.rewards._policy")
     async with open_reward_pool(
         timeout_seconds=0.5, max_retries=1, fallback_reward=-1.0
     ) as pool:

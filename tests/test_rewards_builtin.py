@@ -48,14 +48,17 @@ def test_math_reward(completion, answer, reward):
     assert value == reward and type(value) is float
 
 
-def test_gsm8k_names_stay_importable_from_old_and_new_places():
-    from rewards.gsm8k import gsm8k_reward as new
-    from rewards.math import extract_answer, gsm8k_reward, parse_number
+def test_gsm8k_and_math_share_one_gold_answer_rule():
+    """rewards.gsm8k and rewards.math read a gold answer the same way (rewards._math_verify, the
+    leaf under both; the compatibility re-export of the GSM8K names from rewards.math is gone)."""
+    from rewards import gsm8k, math as math_rewards
 
-    assert gsm8k_reward is new is rewards.gsm8k_reward
-    assert extract_answer is rewards.extract_answer
-    assert parse_number("1,000") == 1000.0
-    assert new.__module__ == "rewards.gsm8k"
+    assert gsm8k.gsm8k_reward is rewards.gsm8k_reward and gsm8k.extract_answer is rewards.extract_answer
+    assert not hasattr(math_rewards, "gsm8k_reward")
+    solution = "Janet has 9 * 2 = 18 eggs.\n#### 18\n"
+    for completion, reward in (("so 18", 1.0), ("\\boxed{18}", 1.0), ("so 19", 0.0)):
+        assert gsm8k.gsm8k_reward("q", completion, [], [], answer=solution) == reward
+        assert math_reward("q", completion, [], [], answer=solution) == reward
 
 
 # --------------------------------------------------------------------- format

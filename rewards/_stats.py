@@ -1,38 +1,20 @@
-"""What a score call returns, pool statistics, and the per-context state.
+"""What a score call returns, and a pool's counters and their snapshot.
 
 * :class:`RewardOutcome`: one call's reward with its fallback flag.
 * :class:`RewardPoolStatistics`: a pool's counters (``RewardPool.statistics()``).
-* :func:`current_reward_pool`: the pool open in this task's context (a context
-  variable set by ``open_reward_pool``), used by ``AsyncRewardWrapper``.
-* :func:`collect_reward_outcomes`: collect every outcome of a block (the
-  engine's per-episode fallback flag).
+* :class:`Counters`: the mutable counters behind it, shared by the pool's policy,
+  its worker slots (:mod:`rewards._slots`) and its batcher (:mod:`rewards._batch`).
 """
 
 from __future__ import annotations
 
-import contextvars
+import collections
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._pool import RewardPool
+__all__ = ["LATENCY_WINDOW", "Counters", "RewardOutcome", "RewardPoolStatistics", "percentile"]
 
-__all__ = [
-    "RewardOutcome",
-    "RewardPoolStatistics",
-    "collect_reward_outcomes",
-    "current_reward_pool",
-]
-
-_CURRENT_POOL: contextvars.ContextVar[RewardPool | None] = contextvars.ContextVar(
-    "trio_rollout_reward_pool", default=None
-)
-_COLLECTOR: contextvars.ContextVar[list[RewardOutcome] | None] = contextvars.ContextVar(
-    "trio_rollout_reward_outcomes", default=None
-)
+LATENCY_WINDOW = 4096  # successful calls kept for the latency percentiles
 
 
 @dataclass(frozen=True)
@@ -105,38 +87,48 @@ class RewardPoolStatistics:
     latency_p99_s: float | None
 
 
-def current_reward_pool() -> RewardPool | None:
-    """The innermost open :class:`RewardPool` of this task's context, or None.
+class Counters:
+    """A pool's counters (see :class:`RewardPoolStatistics` for their meaning)."""
 
-    Set by :func:`open_reward_pool` (so also by ``open_rollout_engine``) for the
-    task that opened it and every task started from it while it is open.
-    """
-    pool = _CURRENT_POOL.get()
-    return None if pool is None or pool._closed else pool
+    __slots__ = (
+        "batch_failures", "batched_calls", "batches", "busy", "calls", "cancelled", "errors", "fallbacks",
+        "latencies", "retries", "successes", "timeouts", "worker_deaths", "workers_killed",
+    )
+
+    def __init__(self) -> None:
+        self.calls = self.successes = self.timeouts = self.retries = 0
+        self.fallbacks = self.errors = self.worker_deaths = self.cancelled = 0
+        self.workers_killed = self.batches = self.batch_failures = self.batched_calls = 0
+        self.busy = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+
+    def snapshot(self, max_workers: int, workers_busy: int, workers_idle: int) -> RewardPoolStatistics:
+        """The counters now, as a frozen record."""
+        latencies = sorted(self.latencies)
+        return RewardPoolStatistics(
+            calls=self.calls,
+            successes=self.successes,
+            timeouts=self.timeouts,
+            retries=self.retries,
+            fallbacks=self.fallbacks,
+            errors=self.errors,
+            worker_deaths=self.worker_deaths,
+            workers_killed=self.workers_killed,
+            worker_restarts=self.worker_deaths + self.workers_killed,
+            cancelled=self.cancelled,
+            busy=self.busy,
+            workers_busy=workers_busy,
+            workers_idle=workers_idle,
+            max_workers=max_workers,
+            batches=self.batches,
+            batched_calls=self.batched_calls,
+            batch_failures=self.batch_failures,
+            latency_p50_s=percentile(latencies, 0.50) if latencies else None,
+            latency_p99_s=percentile(latencies, 0.99) if latencies else None,
+        )
 
 
-@contextmanager
-def collect_reward_outcomes() -> Iterator[list[RewardOutcome]]:
-    """Collect the :class:`RewardOutcome` of every score call made in this block.
-
-    Covers calls made by this task and by tasks it starts inside the block
-    (child tasks share the list), through any pool or
-    :class:`~rewards.AsyncRewardWrapper`.  Calls that raise are not collected.
-    The engine can wrap an episode with it to flag a fallback reward::
-
-        with collect_reward_outcomes() as outcomes:
-            trajectory = await workflow.arun_episode(engine, data)
-        reward_is_fallback = any(o.is_fallback for o in outcomes)
-    """
-    outcomes: list[RewardOutcome] = []
-    token = _COLLECTOR.set(outcomes)
-    try:
-        yield outcomes
-    finally:
-        _COLLECTOR.reset(token)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
+def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile, ``q`` in (0, 1]."""
     rank = max(math.ceil(q * len(sorted_values)), 1)
     return sorted_values[rank - 1]

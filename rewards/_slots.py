@@ -1,0 +1,118 @@
+"""``WorkerSlots``: the reward pool's worker capacity and its kill-on-timeout job runner.
+
+A pool has ``max_workers`` slots (a ``trio.CapacityLimiter``).  A caller holds a
+slot around a job, *outside* the job's timeout, so waiting for a free worker is
+not timed (AReaL's ``asyncio.wait_for`` also counts time queued behind busy
+workers; **ours** does not).  :meth:`WorkerSlots.run_job` runs one job in a
+trio-parallel worker under ``timeout``; past it, or when the caller is
+cancelled, the worker process is killed (``kill_on_cancel``) and a fresh one
+replaces it at the next job.  Both the pool's unbatched attempts
+(:mod:`rewards._attempts`) and the batcher (:mod:`rewards._batch`) run their
+jobs here; the Ray pool replaces :meth:`~WorkerSlots.run_job` with Ray actors
+(:mod:`rewards._ray_pool`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio_parallel
+
+from ._stats import Counters
+
+__all__ = ["JobTimeout", "WorkerSlots"]
+
+
+class JobTimeout(Exception):
+    """One job (an attempt) ran past its timeout; its worker was killed."""
+
+
+class _NoLimit:
+    """A no-op stand-in for trio-parallel's limiter (it only uses ``async with``).
+
+    The slots' own limiter is held around the timeout, so that waiting for a
+    worker slot is not timed; a second, real limiter would only add two
+    scheduler round trips per call.
+    """
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+class WorkerSlots:
+    """``max_workers`` worker slots over a trio-parallel worker context.
+
+    Args:
+        context: the worker processes (None for a subclass that brings its own
+            workers and overrides :meth:`run_job`).
+        max_workers: slots, i.e. jobs running at once (>= 1).
+        counters: where ``worker_deaths`` and ``workers_killed`` are counted (the
+            pool's; the batcher counts its batches there too).
+
+    Attributes:
+        limiter: the slots; hold one around :meth:`run_job` (:meth:`acquire` /
+            :meth:`release`, or ``acquire_on_behalf_of`` for a batch).
+        closed: set when the pool closes (a Ray worker is then not kept).
+    """
+
+    def __init__(self, context: trio_parallel.WorkerContext | None, max_workers: int, counters: Counters) -> None:
+        self._ctx = context
+        self.max_workers = max_workers
+        self.counters = counters
+        self.limiter = trio.CapacityLimiter(max_workers)
+        self.closed = False
+        self._unlimited = _NoLimit()  # our limiter is held instead, outside the timeout
+
+    async def acquire(self) -> None:
+        """Take a slot (no schedule point when one is free)."""
+        try:
+            self.limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await self.limiter.acquire()
+
+    def release(self) -> None:
+        """Give back the slot this task took with :meth:`acquire`."""
+        self.limiter.release()
+
+    async def run(self, function: Any, *args: Any, timeout: float) -> Any:
+        """:meth:`run_job` holding a slot for it (the wait for the slot is not timed)."""
+        await self.acquire()
+        try:
+            return await self.run_job(function, *args, timeout=timeout)
+        finally:
+            self.release()
+
+    async def run_job(self, function: Any, *args: Any, timeout: float) -> Any:
+        """``function(*args)`` in a worker (the caller holds a slot); kill it on timeout.
+
+        Raises:
+            JobTimeout: the job ran past ``timeout`` seconds; its worker was killed.
+            trio_parallel.BrokenWorkerError: the worker died (crash, ``os._exit``, OOM).
+            trio.Cancelled: the caller was cancelled; the worker was killed first.
+            Exception: what ``function`` raised in the worker.
+        """
+        assert self._ctx is not None, "WorkerSlots without a context must override run_job"
+        counters = self.counters
+        try:
+            with trio.move_on_after(timeout) as scope:
+                return await self._ctx.run_sync(function, *args, kill_on_cancel=True, limiter=self._unlimited)
+        except trio.Cancelled:
+            counters.workers_killed += 1
+            raise
+        except trio_parallel.BrokenWorkerError:
+            counters.worker_deaths += 1
+            raise
+        assert scope.cancelled_caught
+        counters.workers_killed += 1
+        raise JobTimeout
+
+    def worker_counts(self) -> tuple[int, int]:
+        """``(running, idle)`` worker processes now; ``(0, 0)`` once closed."""
+        if self.closed or self._ctx is None:
+            return 0, 0
+        workers = self._ctx.statistics()
+        return workers.running_workers, workers.idle_workers

@@ -246,7 +246,7 @@ class SimBackend(PerRequestBackend):
             output_tokens=tokens,
             output_logprobs=logprobs,
             output_versions=[version] * n,
-            stop_reason=ABORT if outcome == ABORT else ("stop" if finished else "length"),
+            stop_reason="abort" if outcome == ABORT else ("stop" if finished else "length"),
             latency=end - start,
             ttft=decode_start - start + cfg.per_token_s * mult,
         )

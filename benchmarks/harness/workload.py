@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from engine.backends.sim import SimRequest, draw, group_episodes, prompt_key, prompt_rng, simulate_makespan
+from engine.backends.sim import SimConfig, SimRequest, draw, group_episodes, prompt_key, prompt_rng, simulate_makespan
 from engine.datasets import to_item
 
 from .config import BenchConfig
@@ -107,7 +107,7 @@ def load_tokenizer(spec: str) -> tuple[Any, str]:
     return AutoTokenizer.from_pretrained(str(path)), spec
 
 
-def ideal_makespan(requests: list[SimRequest], concurrency: int, sim_config: Any) -> float:
+def ideal_makespan(requests: list[SimRequest], concurrency: int, sim_config: SimConfig) -> float:
     """The zero-overhead makespan (seconds) of sim requests: grouped into episodes
     by prompt, in order, replayed on the same server model with ``concurrency``
     episode slots (:func:`engine.backends.sim.simulate_makespan`)."""

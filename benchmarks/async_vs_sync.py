@@ -473,15 +473,16 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise ValueError(f"--{given[0].replace('_', '-')} applies to --backend sim only")
         if args.sides is not None:
             raise ValueError("--sides applies to --backend sim only (a real backend runs the modes sync and async)")
-        def given(value: Any, default: Any) -> Any:
+
+        def or_default(value: Any, default: Any) -> Any:
             return default if value is None else value
 
         d = RealBenchConfig(backend="hf")
         cfg = RealBenchConfig(
-            backend=args.backend, servers=tuple(args.server), model=args.model, dataset=given(args.dataset, d.dataset),
-            prompts=given(args.episodes, d.prompts), concurrency=given(args.concurrency, d.concurrency),
-            max_new_tokens=given(args.max_new_tokens, d.max_new_tokens),
-            temperature=given(args.temperature, d.temperature), seed=given(args.seed, d.seed), hf_mode=args.hf_mode,
+            backend=args.backend, servers=tuple(args.server), model=args.model, dataset=or_default(args.dataset, d.dataset),
+            prompts=or_default(args.episodes, d.prompts), concurrency=or_default(args.concurrency, d.concurrency),
+            max_new_tokens=or_default(args.max_new_tokens, d.max_new_tokens),
+            temperature=or_default(args.temperature, d.temperature), seed=or_default(args.seed, d.seed), hf_mode=args.hf_mode,
             torch_threads=args.torch_threads, repeats=args.repeats, reward_batch_size=args.reward_batch_size,
             modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
             reward_workers=args.reward_workers, server_pid=args.server_pid,

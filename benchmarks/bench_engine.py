@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side by side on the simulated server: trio-rollout, AReaL 1.0.4's executor, a naive loop.
 
-Two scenarios, the same work on every side (``engine.bench``): RLVR episodes with
+Two scenarios, the same work on every side (``benchmarks.harness``): RLVR episodes with
 real chat-template tokenisation, the GSM8K reward in a worker pool, trajectory
 tensors; the sim's draws depend only on the prompt, so every side generates the
 same tokens:
@@ -15,6 +15,7 @@ Run from the repository root (sides run one after another, each in its own
 process, ``--repeats`` times interleaved; medians are reported)::
 
     .venv/bin/python benchmarks/bench_engine.py                 # ~10 min on a 2-core box
+    .venv/bin/python -m benchmarks.bench_engine                 # the same
     .venv/bin/python benchmarks/bench_engine.py --sides ours,naive --repeats 1
 
 Prints one table and writes ``benchmarks/results/bench_engine.json`` (schema in
@@ -28,18 +29,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from engine.bench import BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json  # noqa: E402
 
 #: ours as shipped (EngineConfig defaults), ours with the opt-in GC tuning, AReaL, the naive loop
 DEFAULT_SIDES = ("ours", "ours_gc", "areal", "naive")
 
-SCENARIOS = {
+SCENARIOS: dict[str, dict[str, Any]] = {  # scenario -> SimConfig fields
     "zero latency": {},
     "50 ms + 2 ms/token": {"prefill_s": 0.05, "per_token_s": 0.002},
 }
@@ -107,15 +108,15 @@ def main() -> int:
         p.error(str(exc))
     results, configs = [], {}
     for name, overrides in SCENARIOS.items():
-        cfg = replace(base, **overrides)
-        configs[name] = asdict(cfg)
+        cfg = replace(base, sim=replace(base.sim, **overrides))
+        configs[name] = cfg.to_dict()
         print(f"{name}:", file=sys.stderr)
         for r in compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
                          log=lambda m: print(m, file=sys.stderr, flush=True)):
             results.append({"scenario": name, "label": name, **r})
     check = targets(results)
     title = (f"bench_engine: {base.episodes} RLVR episodes, {base.concurrency} in flight, "
-             f"~{base.out_len_median} tokens, tokenizer {results[0].get('tokenizer', base.tokenizer)}, "
+             f"~{base.sim.out_len_median} tokens, tokenizer {results[0].get('tokenizer', base.tokenizer)}, "
              f"median of {args.repeats}")
     print(format_table(results, title=title, label="scenario"))
     print(f"targets: CPU/episode ours/AReaL = {check['cpu_per_episode_vs_areal']} (each repeat "

@@ -28,13 +28,11 @@ import argparse
 import functools
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import BenchConfig, add_ideal, load_tokenizer, plan_requests, write_json
 
-from engine.bench import BenchConfig, write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PHASES = {  # phase -> (module, class, method)
     "generate": ("engine.backends.sim", "SimBackend", "generate"),
@@ -91,23 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import trio
 
-    from engine import bench
+    from benchmarks.harness.drivers import drive_ours
 
     torch.set_num_threads(1)
     cfg = BenchConfig(episodes=args.episodes, concurrency=args.concurrency, batch_size=args.concurrency,
                       warmup=min(64, args.episodes),
                       prefill_s=args.prefill_s, per_token_s=args.per_token_s, tokenizer=args.tokenizer,
                       reward_batch_size=args.reward_batch_size)
-    tokenizer, _ = bench.load_tokenizer(cfg.tokenizer)
+    tokenizer, _ = load_tokenizer(cfg.tokenizer)
     timings: dict[str, list[float]] = {phase: [] for phase in PHASES}
     undo = instrument(timings)
     try:
-        out = trio.run(bench._drive_ours, cfg, tokenizer)
+        out = trio.run(drive_ours, cfg, tokenizer)
     finally:
         restore(undo)
-    plan = bench.plan_requests(cfg, tokenizer)
-    out = bench._add_ideal(out, cfg, plan)
-    sim = cfg.sim_config()
+    plan = plan_requests(cfg, tokenizer)
+    out = add_ideal(out, cfg, plan)
+    sim = cfg.sim
     planned = sum(sim.prefill_s + r.out_len * sim.per_token_s for r in plan) / len(plan)
 
     rows = []
@@ -119,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                      "p50_ms": round(1e3 * quantile(values, 0.5), 3), "p90_ms": round(1e3 * quantile(values, 0.9), 3),
                      "p99_ms": round(1e3 * quantile(values, 0.99), 3)})
     print(f"bench_phases: {cfg.episodes} episodes, {cfg.concurrency} in flight, "
-          f"{cfg.prefill_s} s + {cfg.per_token_s} s/token; planned generate mean {1e3 * planned:.2f} ms")
+          f"{sim.prefill_s} s + {sim.per_token_s} s/token; planned generate mean {1e3 * planned:.2f} ms")
     print(f"{'phase':>10}  {'n':>6}  {'mean ms':>9}  {'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}")
     for r in rows:
         print(f"{r['phase']:>10}  {r['n']:>6}  {r['mean_ms']:>9.2f}  {r['p50_ms']:>9.2f}  {r['p90_ms']:>9.2f}  "
@@ -128,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
            "cpu_main_s": out["cpu_main_s"], "cpu_children_s": out["cpu_children_s"],
            "planned_generate_mean_ms": round(1e3 * planned, 3)}
     print(f"efficiency {run['efficiency']}, wall {run['wall_s']} s, CPU main {run['cpu_main_s']} s")
-    path = write_json(args.json_out, "bench_phases", asdict(cfg), rows, run=run)
+    path = write_json(args.json_out, "bench_phases", cfg.to_dict(), rows, run=run)
     print(f"wrote {path}")
     return 0
 

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import BenchConfig, load_tokenizer, run_side, write_json
 
-from engine.bench import BenchConfig, load_tokenizer, run_side, write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
@@ -55,7 +53,8 @@ def main() -> int:
     mem = r["memory"]
     ok = r["failed"] == 0 and bool(mem["flat"])
     print(f"bench_soak: {cfg.episodes} episodes, {cfg.concurrency} in flight, "
-          f"{cfg.prefill_s * 1000:.0f} ms + {cfg.per_token_s * 1000:.0f} ms/token x ~{cfg.out_len_median} tokens")
+          f"{cfg.sim.prefill_s * 1000:.0f} ms + {cfg.sim.per_token_s * 1000:.0f} ms/token x ~{cfg.sim.out_len_median} "
+          "tokens")
     print(f"{'done':>8}  {'t s':>7}  {'RSS MiB':>8}")
     for tenth in range(11):
         want = tenth * cfg.episodes / 10
@@ -65,7 +64,7 @@ def main() -> int:
           f"{r['max_inflight']}, CPU {r['cpu_ms_per_episode']} ms/episode, peak RSS {r['peak_rss_mib']} MiB "
           f"(+{r['rss_children_mib']} MiB reward workers); RSS over the last 90%: {mem['tail_min_mib']}-"
           f"{mem['tail_max_mib']} MiB (spread {mem['tail_spread']}): {'PASS' if ok else 'FAIL'}")
-    path = write_json(args.json_out, "bench_soak", asdict(cfg), [r], passed=ok)
+    path = write_json(args.json_out, "bench_soak", cfg.to_dict(), [r], passed=ok)
     print(f"wrote {path}")
     return 0 if ok else 1
 

@@ -3,7 +3,7 @@
 
 For each concurrency (episodes in flight; default 64 to 16384), every side runs
 ``max(--episodes, --rounds x concurrency)`` RLVR episodes on the same work
-(``engine.bench``) with 50 ms prefill + 2 ms/token x ~256 tokens.  Past a few
+(``benchmarks.harness``) with 50 ms prefill + 2 ms/token x ~256 tokens.  Past a few
 hundred in flight the zero-overhead ideal outruns any single event loop on two
 cores, so throughput flattens at each side's CPU ceiling and efficiency falls:
 the plot shows where.
@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.bench import SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json  # noqa: E402
+from benchmarks.harness import SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json  # noqa: E402
 
 COLORS = {"ours": "tab:blue", "areal": "tab:orange", "naive": "tab:gray"}
 NAMES = {"ours": "trio-rollout", "areal": "AReaL 1.0.4 WorkflowExecutor", "naive": "naive (batch, wait all, score)"}

@@ -58,7 +58,7 @@ def serve() -> None:
     from rich import progress  # noqa: F401
     from transformers import AutoTokenizer  # noqa: F401  (a lazy import of about a second)
 
-    import engine.backends.sim  # noqa: F401
+    import engine.backends.sim._backend  # noqa: F401
     import engine.cli  # noqa: F401
     import engine.outputs  # noqa: F401
     import engine.testing  # noqa: F401

@@ -1,9 +1,9 @@
 """Contract tier: the benchmark harness on a tiny configuration (correctness, not speed).
 
 The ideal makespan on hand-checkable cases, the plan the sides are checked
-against, the AReaL side's copies of the sim's draws, and the accounting of the
-``ours`` and ``naive`` drivers (real reward worker processes, real tokenizer,
-the sim on the real clock).
+against, the AReaL side's server (the sim's own draws, importable without trio or
+torch), and the accounting of the ``ours`` and ``naive`` drivers (real reward
+worker processes, real tokenizer, the sim on the real clock).
 """
 
 from __future__ import annotations
@@ -11,20 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from engine.backends.sim import SimBackend, SimConfig, SimRequest, prompt_key, tile_pool
-from engine._bench_areal import _pure_draw, _pure_pools, _pure_prompt_key
-from engine._bench_meter import memory_summary
-from engine.bench import (
-    _POOL,
+from benchmarks.harness import (
     BenchConfig,
-    _add_ideal,
-    _drive_naive,
-    _drive_ours,
-    add_bench_parser,
+    add_ideal,
     bench_item,
     compare,
     corpus_token_pool,
@@ -33,9 +30,15 @@ from engine.bench import (
     load_tokenizer,
     parse_sides,
     plan_requests,
-    run_bench,
     write_json,
 )
+from benchmarks.harness.cli import add_bench_parser, run_bench
+from benchmarks.harness.drivers import drive_naive, drive_ours
+from benchmarks.harness.meter import memory_summary
+from benchmarks.harness.peer_areal import SimPeer
+from engine import GenerationHyperparameters, ModelRequest
+from engine.backends.sim import POOL_SIZE, SimBackend, SimConfig, SimRequest, tile_pool
+from workflows.rlvr import default_get_input_ids
 
 
 @pytest.fixture(scope="module")
@@ -62,26 +65,66 @@ def test_ideal_makespan_hand_checked():
 def test_add_ideal_checks_the_work_and_divides():
     cfg = BenchConfig(episodes=2, concurrency=1, per_token_s=1.0)
     plan = [SimRequest(1, 3, 2), SimRequest(2, 3, 4)]
-    out = _add_ideal({"wall_s": 12.0, "requests": [[2, 3, 4, 1.0, "ok"], [1, 3, 2, 1.0, "ok"]]}, cfg, plan)
+    out = add_ideal({"wall_s": 12.0, "requests": [[2, 3, 4, 1.0, "ok"], [1, 3, 2, 1.0, "ok"]]}, cfg, plan)
     assert out == {"wall_s": 12.0, "work_matches_plan": True, "ideal_wall_s": 6.0, "efficiency": 0.5}
-    out = _add_ideal({"wall_s": 12.0, "requests": [[2, 3, 5, 1.0, "ok"], [1, 3, 2, 1.0, "ok"]]}, cfg, plan)
+    out = add_ideal({"wall_s": 12.0, "requests": [[2, 3, 5, 1.0, "ok"], [1, 3, 2, 1.0, "ok"]]}, cfg, plan)
     assert out["work_matches_plan"] is False
-    assert _add_ideal({"wall_s": 1.0}, BenchConfig(), [SimRequest(1, 3, 2)])["efficiency"] is None  # zero latency
+    assert add_ideal({"wall_s": 1.0}, BenchConfig(), [SimRequest(1, 3, 2)])["efficiency"] is None  # zero latency
 
 
-def test_the_areal_sides_copies_match_the_sim():
-    cfg = SimConfig(vocab_size=300, first_token_id=3, out_len_median=40, out_len_sigma=0.9, straggler_fraction=0.4,
-                    straggler_multiplier=3.0, draws_by_prompt=True, seed=9)
-    sim = SimBackend(cfg)
-    params = BenchConfig(seed=9, out_len_median=40, out_len_sigma=0.9, straggler_fraction=0.4,
-                         straggler_multiplier=3.0).sim_params(vocab_size=300, eos_token_id=2)
-    for i in range(200):
-        ids = [i, 5, 7, i % 3]
-        assert _pure_prompt_key(ids) == prompt_key(ids)
-        d = sim.draw(ids, 30 + i % 50, occurrence=i % 2)
-        assert _pure_draw(params, prompt_key(ids), i % 2, 30 + i % 50) == (d.n, d.finished, d.offset, d.multiplier)
-    tokens, logprobs = _pure_pools(9, 3, 300)
-    assert logprobs == sim._lp_pool and tokens == sim._tok_pool and len(tokens) == _POOL
+async def test_the_areal_peer_serves_the_plan_with_the_sims_tokens(tiny, autojump_clock):
+    # The AReaL side's server (SimPeer, run under AReaL's interpreter) calls the sim's own
+    # draw code: its recorded requests are the plan, and its completions are the sim's.
+    cfg = BenchConfig(episodes=40, out_len_median=20, out_len_sigma=0.8, max_new_tokens=30, straggler_fraction=0.3,
+                      straggler_multiplier=4.0, prefill_s=0.01, per_token_s=0.001, seed=3, tokenizer="tiny")
+    plan = plan_requests(cfg, tiny)
+    sim = cfg.sim_for(tiny)
+    pool = corpus_token_pool(tiny, cfg.seed)
+    peer = SimPeer(sim, pool, record=True)
+    backend = SimBackend(sim, token_pool=pool)
+    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=cfg.max_new_tokens)
+    for i in range(cfg.episodes):
+        ids = default_get_input_ids(tiny, bench_item(i, seed=cfg.seed), False)
+        budget = gconfig.token_budget(len(ids))
+        out = peer.serve(ids, budget)
+        resp = await backend.generate(ModelRequest(input_ids=ids, gconfig=gconfig), budget)
+        assert (out.tokens, out.logprobs, out.stop_reason) == (resp.output_tokens, resp.output_logprobs,
+                                                              resp.stop_reason)
+        assert out.latency == pytest.approx(resp.latency) and out.ttft == pytest.approx(resp.ttft)
+    assert add_ideal({"wall_s": 1.0, "requests": peer.log}, cfg, plan)["work_matches_plan"] is True
+    assert {r.multiplier for r in plan} == {1.0, 4.0} and len({r.out_len for r in plan}) > 5  # the draws vary
+    peer.reset()
+    assert peer.log == [] and peer.serve(ids, budget) == out  # occurrences forgotten: the same answer again
+
+
+def test_the_areal_peer_imports_without_trio_or_torch():
+    # The AReaL venv has neither trio nor this project's dependencies: the peer module, the
+    # harness package and the sim's draws must import with them made unimportable.
+    code = ("import sys\n"
+            "for name in ('trio', 'torch', 'transformers', 'numpy', 'tensordict', 'httpx', 'rich'):\n"
+            "    sys.modules[name] = None\n"
+            "from benchmarks.harness.peer_areal import SimPeer, child_main\n"
+            "from engine.backends.sim import SimConfig, draw\n"
+            "assert 'engine.backends.sim._backend' not in sys.modules\n"
+            "print('ok')\n")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_config_holds_a_sim_config_and_takes_its_fields_flat():
+    cfg = BenchConfig(prefill_s=0.05, seed=7, record=False)
+    assert cfg.sim.prefill_s == 0.05 and cfg.seed == cfg.sim.seed == 7 and cfg.sim.draws_by_prompt is False
+    assert cfg.sim.out_len_median == 256 and cfg.sim.first_token_id == 0  # the benchmark's defaults
+    moved = replace(cfg, per_token_s=0.002, concurrency=8, record=True)
+    assert (moved.sim.prefill_s, moved.sim.per_token_s, moved.concurrency) == (0.05, 0.002, 8)
+    assert moved.sim.draws_by_prompt is True  # always follows record
+    assert BenchConfig.from_dict(json.loads(json.dumps(moved.to_dict()))) == moved  # what a side's process gets
+    with pytest.raises(ValueError, match="straggler_multiplier"):
+        BenchConfig(straggler_multiplier=0.5)
+    with pytest.raises(TypeError, match="bogus"):
+        BenchConfig(bogus=1)
 
 
 def test_plan_and_items(tiny):
@@ -94,7 +137,7 @@ def test_plan_and_items(tiny):
     assert item["messages"][0]["content"].startswith("Problem 7:") and item["answer"].startswith("#### ")
     assert bench_item(7, warmup=True)["question"] != item["question"]
     pool = tile_pool(corpus_token_pool(tiny))
-    assert len(pool) == _POOL and "\\boxed{" in tiny.decode(pool[:400])
+    assert len(pool) == POOL_SIZE and "\\boxed{" in tiny.decode(pool[:400])
 
 
 async def test_driver_accounting_on_a_tiny_run(tiny):
@@ -102,21 +145,21 @@ async def test_driver_accounting_on_a_tiny_run(tiny):
                       max_new_tokens=32, prefill_s=0.01, per_token_s=0.001, tokenizer="tiny", reward_batch_size=4)
     plan = plan_requests(cfg, tiny)
     outs = {}
-    for driver in (_drive_ours, _drive_naive):
-        out = outs[driver.__name__] = _add_ideal(await driver(cfg, tiny), cfg, plan)
+    for driver in (drive_ours, drive_naive):
+        out = outs[driver.__name__] = add_ideal(await driver(cfg, tiny), cfg, plan)
         assert out["work_matches_plan"] is True
         assert out["accepted"] == 24 and out["failed"] == 0 and out["errors"] == 0
         assert out["generated_tokens"] == sum(r.out_len for r in plan)
         assert sum(out["staleness_histogram"].values()) == 24
         assert 0 < out["efficiency"] <= 1.05
-        assert out["ideal_wall_s"] == pytest.approx(ideal_makespan(plan, 4, cfg.sim_config()), abs=1e-4)
+        assert out["ideal_wall_s"] == pytest.approx(ideal_makespan(plan, 4, cfg.sim), abs=1e-4)
         assert out["episodes_per_s"] == pytest.approx(24 / out["wall_s"], rel=1e-3)
         assert out["cpu_ms_per_episode"] >= out["cpu_ms_per_episode_main"] > 0
         assert out["reward_latency_p50_s"] <= out["reward_latency_p99_s"]
         assert out["max_inflight"] == 4  # exact (the sim's peak), not a sample that can miss it
         assert out["time_to_first_batch_s"] <= out["wall_s"]
         assert out["backend"]["requests_served"] == 24 and out["backend"]["tokens_generated"] == out["generated_tokens"]
-    ours, naive = outs["_drive_ours"], outs["_drive_naive"]
+    ours, naive = outs["drive_ours"], outs["drive_naive"]
     assert ours["reward_mean"] == naive["reward_mean"]  # the same completions, scored the same
     assert ours["token_pool_digest"] == naive["token_pool_digest"]
     assert naive["staleness_histogram"] == {"0": 24}  # naive: generated and consumed at one version per batch
@@ -126,7 +169,7 @@ async def test_ours_counts_injected_failures(tiny):
     cfg = BenchConfig(episodes=30, concurrency=8, batch_size=8, warmup=0, out_len_median=6, max_new_tokens=16,
                       error_fraction=0.3, abort_fraction=0.2, tokenizer="tiny", reward_batch_size=8)
     plan = plan_requests(cfg, tiny)
-    out = _add_ideal(await _drive_ours(cfg, tiny), cfg, plan)
+    out = add_ideal(await drive_ours(cfg, tiny), cfg, plan)
     errors = sum(r.outcome == "error" for r in plan)
     assert 0 < errors < 30 and out["work_matches_plan"] is True
     assert out["failed"] == errors == out["failed_by_reason"]["backend_error"]

@@ -253,8 +253,10 @@ def test_config_validation_names_the_field():
         SimConfig(max_running_seqs=0)
     with pytest.raises(InvalidRequestError, match="decode_slowdown_per_seq"):
         SimConfig(decode_slowdown_per_seq=-1.0)
-    with pytest.raises(InvalidRequestError, match="token_pool"):
+    with pytest.raises(ValueError, match="token_pool"):
         tile_pool([])
+    with pytest.raises(InvalidRequestError, match="token_pool"):  # the backend's config error
+        SimBackend(token_pool=[-1])
     assert len(tile_pool([1, 2, 3])) == 1 << 16
 
 

@@ -11,15 +11,14 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from ..chat import collect_drift_events
 from ..errors import BackendError, InvalidRequestError, SessionAbandonedError, WorkflowError, unwrap_single
 
-if TYPE_CHECKING:
-    from .proxy import OpenAIProxy, ProxySession
+from ._proxy_session import ProxyConfig, ProxySession
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -33,10 +32,26 @@ class _HTTPError(Exception):
         self.status, self.kind, self.code = status, kind, code
 
 
+class SessionHost(Protocol):
+    """What the routes use of :class:`~engine.openai.proxy.OpenAIProxy`."""
+
+    config: ProxyConfig
+    sessions: dict[str, ProxySession]
+    _by_key: dict[str, ProxySession]
+    _counts: dict[str, int]
+
+    async def start_session(self, data: Any = None) -> ProxySession: ...
+
+    def set_reward(self, session: ProxySession, reward: Any, interaction_id: str | None = None) -> None: ...
+
+    async def end_session(self, session: ProxySession, *, discount: float | None = None, style: str | None = None,
+                          drop_retry_orphans: bool | None = None) -> int: ...
+
+
 class ProxyRoutes:
     """The proxy's HTTP handlers; ``app()`` is the Starlette application."""
 
-    def __init__(self, proxy: OpenAIProxy) -> None:
+    def __init__(self, proxy: SessionHost) -> None:
         self.proxy = proxy
 
     def _session_of(self, request: Any, body: Mapping[str, Any] | None = None) -> ProxySession:

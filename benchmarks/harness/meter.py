@@ -1,4 +1,4 @@
-"""Process metrics for ``rollout bench`` (:mod:`engine.bench`): CPU of a process
+"""Process metrics of a benchmark side (:mod:`benchmarks.harness`): CPU of a process
 and its children (reaped, and live ones read from ``/proc``), RSS, percentiles,
 memory flatness, the staleness histogram.  Standard library only: the AReaL side
 uses it under the peer venv's interpreter too.
@@ -12,7 +12,7 @@ import resource
 import time
 from typing import Any
 
-__all__ = ["Meter", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "rss_mib",
+__all__ = ["Meter", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "rounded", "rss_mib",
            "staleness_histogram"]
 
 
@@ -95,7 +95,7 @@ class Meter:
         cpu_children = children_cpu_s() - self.children0
         rss_after, peak = rss_mib()
         peak_sampled = max([s[1] for s in self.samples] + [rss_after])
-        out = {
+        out: dict[str, Any] = {
             "wall_s": round(wall_s, 4),
             "episodes_per_s": round(episodes / wall_s, 2) if wall_s > 0 else None,
             "generated_tokens": generated_tokens,
@@ -131,4 +131,10 @@ def memory_summary(samples: list[tuple[float, float, int]], episodes: int) -> di
 
 
 def staleness_histogram(values: dict[int, int]) -> dict[str, int]:
+    """``{staleness: episodes}`` with string keys (JSON), by increasing staleness."""
     return {str(k): values[k] for k in sorted(values)}
+
+
+def rounded(x: float | None, digits: int = 4) -> float | None:
+    """``round(x, digits)``, None stays None."""
+    return None if x is None else round(x, digits)

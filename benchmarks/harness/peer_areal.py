@@ -1,54 +1,90 @@
-"""The AReaL side of ``rollout bench`` (:mod:`engine.bench`): runs under the AReaL
+"""The AReaL side of the benchmark (:mod:`benchmarks.harness`): runs under the AReaL
 peer venv's interpreter (``.venv-areal-peer``, built by ``make areal-peer``).
 
 AReaL 1.0.4's ``WorkflowExecutor`` + ``RLVRWorkflow`` + ``AsyncRewardWrapper``,
 unmodified, drive an in-process fake ``InferenceEngine`` whose ``agenerate``
-makes the same draws as :class:`engine.backends.sim.SimBackend` (pure-Python
-copies below, checked against the sim by ``tests/test_bench.py``) and
-``asyncio.sleep``s their latency.  Only the standard library is imported at the
-top; AReaL, torch and transformers are imported inside :func:`areal_side`.
+makes the sim's draws by calling the sim's own draw code
+(:func:`engine.backends.sim.draw`, ``engine/backends/sim/_draws.py``) and
+``asyncio.sleep``s their latency.
+
+That interpreter has AReaL, torch and transformers but neither trio nor this
+project's other dependencies; :func:`~benchmarks.harness.sides.run_side` puts the
+checkout on its ``PYTHONPATH``.  So this module imports, at the top, only the
+standard library and modules that import nothing else: the harness's config,
+workload and meter, and ``engine.backends.sim``'s ``SimConfig`` and draws, whose
+package exports its names lazily (as ``engine`` does), so that importing them
+loads neither trio nor the sim's backend (``tests/test_bench.py`` checks this
+with trio and torch made unimportable).  AReaL, torch and transformers are
+imported inside :func:`areal_side`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import random
+import json
+import sys
 import threading
 import time
-from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
-from ._bench_meter import Meter, percentile, staleness_histogram
-from .bench import _POOL, BenchConfig, _r, bench_item, corpus_token_pool, pool_digest
+from engine.backends.sim import SimConfig, completion, draw, prompt_key, prompt_rng, tile_pool, token_pools
 
-__all__ = ["areal_side"]
+from .config import BenchConfig
+from .meter import Meter, percentile, rounded, staleness_histogram
+from .workload import bench_item, corpus_token_pool, pool_digest
 
-
-def _pure_prompt_key(input_ids: list[int]) -> int:
-    """Same as :func:`engine.backends.sim.prompt_key` (a test checks they agree)."""
-    return int.from_bytes(hashlib.blake2b(array("q", input_ids).tobytes(), digest_size=8).digest(), "little")
+__all__ = ["PeerResponse", "SimPeer", "areal_side", "child_main"]
 
 
-def _pure_draw(sim: dict[str, Any], key: int, occurrence: int, budget: int) -> tuple[int, bool, int, float]:
-    """Same draws as ``SimBackend.draw`` with ``draws_by_prompt`` for the AReaL side
-    (no failures): (tokens, finished, pool offset, multiplier).  A test checks they agree."""
-    rng = random.Random((sim["seed"] * 1_000_003 + occurrence) ^ key)
-    n = sim["out_len_median"]
-    if sim["out_len_sigma"] > 0:
-        n = max(1, round(rng.lognormvariate(math.log(sim["out_len_median"]), sim["out_len_sigma"])))
-    u_straggle, _u_fail = rng.random(), rng.random()
-    finished = n < budget
-    n = max(min(n, budget), 0)
-    mult = sim["straggler_multiplier"] if u_straggle < sim["straggler_fraction"] else 1.0
-    return n, finished, rng.randrange(_POOL - min(n, _POOL - 1)), mult
+class PeerResponse(NamedTuple):
+    """What :meth:`SimPeer.serve` answers: the completion, its stop reason, and its
+    latency and time to first token in seconds (the sim's per-request model)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+    latency: float
+    ttft: float
 
 
-def _pure_pools(seed: int, first_token_id: int, vocab_size: int) -> tuple[list[int], list[float]]:
-    """Same token/logprob pools as ``SimBackend`` (a test checks they agree)."""
-    rng = random.Random(f"sim-pool:{seed}")
-    tokens = [rng.randrange(first_token_id, vocab_size) for _ in range(_POOL)]
-    return tokens, [-rng.uniform(0.01, 5.0) for _ in range(_POOL)]
+class SimPeer:
+    """The simulated server as the AReaL side serves it: :class:`~engine.backends.sim.SimBackend`'s
+    draws, pools and per-request latency, by the same code, with no event loop
+    (the caller sleeps :attr:`PeerResponse.latency`).  Only the per-request model:
+    no shared server clock, no injected failures (:meth:`BenchConfig.areal_unsupported`).
+
+    Args:
+        sim: the sim's config (``draws_by_prompt`` is assumed: draws by prompt and occurrence).
+        token_pool: token ids outputs are sliced from (tiled, as ``SimBackend(token_pool=...)``).
+        record: keep ``(key, prompt_len, out_len, multiplier, outcome)`` per request in :attr:`log`.
+    """
+
+    def __init__(self, sim: SimConfig, token_pool: list[int], *, record: bool) -> None:
+        self.sim, self.record = sim, record
+        self.tokens = tile_pool(token_pool)
+        _, self.logprobs = token_pools(sim.seed, sim.first_token_id, sim.vocab_size)
+        self.seen: dict[int, int] = {}
+        self.log: list[tuple[int, int, int, float, str]] = []
+
+    def serve(self, input_ids: list[int], budget: int) -> PeerResponse:
+        """One request: its draws (by prompt and occurrence), tokens and latency."""
+        sim = self.sim
+        key = prompt_key(input_ids)
+        occurrence = self.seen.get(key, 0)
+        self.seen[key] = occurrence + 1
+        d = draw(sim, prompt_rng(sim.seed, key, occurrence), budget, key=key)
+        if self.record:
+            self.log.append((key, len(input_ids), d.n, d.multiplier, d.outcome))
+        tokens, logprobs = completion(self.tokens, self.logprobs, d.offset, d.n,
+                                      sim.eos_token_id if d.finished else None)
+        prefill = sim.prefill_seconds(len(input_ids)) * d.multiplier
+        return PeerResponse(tokens, logprobs, "stop" if d.finished else "length",
+                            latency=prefill + d.n * d.multiplier * sim.per_token_s,
+                            ttft=prefill + d.multiplier * sim.per_token_s)
+
+    def reset(self) -> None:
+        """Forget the occurrences and the log (after the warm-up)."""
+        self.seen.clear()
+        self.log.clear()
 
 
 def areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragma: no cover - peer venv only
@@ -71,18 +107,13 @@ def areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragm
     for name in list(logging.root.manager.loggerDict):
         logging.getLogger(name).setLevel(logging.WARNING)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    sim = cfg.sim_params(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-    _, lp_pool = _pure_pools(sim["seed"], sim["first_token_id"], sim["vocab_size"])
-    tok_pool = corpus_token_pool(tokenizer, cfg.seed)
-    tok_pool = (tok_pool * -(-_POOL // len(tok_pool)))[:_POOL]  # engine.backends.sim.tile_pool
+    peer = SimPeer(cfg.sim_for(tokenizer), corpus_token_pool(tokenizer, cfg.seed), record=cfg.record)
 
     class FakeEngine(InferenceEngine):
-        """The sim's per-request model: same draws, one asyncio.sleep of its latency."""
+        """The sim's per-request model (:class:`SimPeer`): one asyncio.sleep of each request's latency."""
 
         def __init__(self) -> None:
             self._version, self._lock = 0, threading.Lock()
-            self.seen: dict[int, int] = {}
-            self.log: list[tuple[int, int, int, float]] = []
             self.inflight = self.peak_inflight = self.out_tokens = 0
 
         @property
@@ -100,28 +131,18 @@ def areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragm
         async def agenerate(self, req: Any) -> Any:
             version = self.get_version()
             ids = list(req.input_ids)
-            key = _pure_prompt_key(ids)
-            occurrence = self.seen.get(key, 0)
-            self.seen[key] = occurrence + 1
             budget = min(req.gconfig.max_tokens - len(ids), req.gconfig.max_new_tokens)
-            n, finished, offset, mult = _pure_draw(sim, key, occurrence, budget)
-            if cfg.record:
-                self.log.append((key, len(ids), n, mult))
-            prefill = (sim["prefill_s"] + len(ids) * sim["prefill_s_per_token"]) * mult
-            latency = prefill + n * mult * sim["per_token_s"]
+            out = peer.serve(ids, budget)
             self.inflight += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight)
             try:
-                await asyncio.sleep(latency)
+                await asyncio.sleep(out.latency)
             finally:
                 self.inflight -= 1
-            self.out_tokens += n
-            tokens = tok_pool[offset:offset + n]
-            if finished and tokens:
-                tokens[-1] = sim["eos_token_id"]
-            return ModelResponse(input_tokens=ids, output_tokens=tokens, output_logprobs=lp_pool[offset:offset + n],
-                                 output_versions=[version] * n, stop_reason="stop" if finished else "length",
-                                 tokenizer=req.tokenizer, latency=latency, ttft=prefill + mult * sim["per_token_s"])
+            self.out_tokens += len(out.tokens)
+            return ModelResponse(input_tokens=ids, output_tokens=out.tokens, output_logprobs=out.logprobs,
+                                 output_versions=[version] * len(out.tokens), stop_reason=out.stop_reason,
+                                 tokenizer=req.tokenizer, latency=out.latency, ttft=out.ttft)
 
     engine = FakeEngine()
     gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=cfg.max_new_tokens)
@@ -156,8 +177,7 @@ def areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragm
             ex.submit(bench_item(i, warmup=True, seed=cfg.seed), workflow)
         ex.wait(count=cfg.warmup, timeout=3600)
         ex.destroy()
-        engine.seen.clear()
-        engine.log.clear()
+        peer.reset()
         latencies.clear()
         engine.peak_inflight = engine.out_tokens = 0
         stats_tracker.export_all(reset=True)
@@ -203,9 +223,16 @@ def areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragm
 
     return {
         "counts": {"accepted": accepted, "rejected": n - accepted, "failed": 0, "failed_by_reason": {}},
-        "measured": measured, "log": engine.log, "time_to_first_batch_s": _r(first_batch_s),
-        "staleness_histogram": staleness_histogram(stale), "reward_latency_p50_s": _r(percentile(latencies, 0.5)),
-        "reward_latency_p99_s": _r(percentile(latencies, 0.99)), "reward_workers": inner_reward.max_workers,
-        "reward_mean": _r(reward_sum / max(1, accepted)), "token_pool_digest": pool_digest(tok_pool),
+        "measured": measured, "log": peer.log, "time_to_first_batch_s": rounded(first_batch_s),
+        "staleness_histogram": staleness_histogram(stale), "reward_latency_p50_s": rounded(percentile(latencies, 0.5)),
+        "reward_latency_p99_s": rounded(percentile(latencies, 0.99)), "reward_workers": inner_reward.max_workers,
+        "reward_mean": rounded(reward_sum / max(1, accepted)), "token_pool_digest": pool_digest(peer.tokens),
         "areal_version": md.version("areal"),
     }
+
+
+def child_main() -> None:  # pragma: no cover - peer venv only
+    """Entry point of the AReaL side's process: ``argv = [side, config json,
+    tokenizer dir]``; prints ``RESULT <json>`` (counts, meter numbers, the request log)."""
+    cfg = BenchConfig.from_dict(json.loads(sys.argv[2]))
+    print("RESULT " + json.dumps(areal_side(cfg, sys.argv[3])), flush=True)

@@ -1,0 +1,262 @@
+"""``SimBackend``: the simulated server as a trio backend (:mod:`engine.backends.sim`).
+
+One event clock task (:meth:`SimBackend.open`) drives the :class:`ServerModel`;
+each request parks once on it.  The per-request draws are :mod:`._draws`
+(shared with the benchmark harness's AReaL peer).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ...errors import BackendError, InvalidRequestError
+from ...types import ModelRequest, ModelResponse
+from ..base import BackendStatistics, PerRequestBackend
+from ._config import SimConfig
+from ._draws import (
+    ABORT,
+    ERROR,
+    OK,
+    SimDraw,
+    completion,
+    draw,
+    prompt_key,
+    prompt_rng,
+    request_seed_rng,
+    tile_pool,
+    token_pools,
+)
+from ._server_model import ServerModel, SimRequest
+
+__all__ = ["SimBackend", "SimStatistics"]
+
+
+@dataclass
+class _Resume:
+    rest: int
+    finished: bool
+    offset: int
+    multiplier: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimStatistics(BackendStatistics):
+    """:class:`~engine.backends.base.BackendStatistics` of a :class:`SimBackend`.
+
+    Attributes:
+        errors_injected, aborts_injected, stragglers: requests given each draw.
+        peak_requests_in_progress: most requests inside the backend at once.
+        sequences_running, sequences_queued, sequences_decoding: the server model now
+            (holding a slot, waiting for one, past prefill).
+        peak_running_seqs: most sequences holding a slot at once.
+        image_requests: requests that carried ``image_data``.
+    """
+
+    errors_injected: int = 0
+    image_requests: int = 0
+    aborts_injected: int = 0
+    stragglers: int = 0
+    peak_requests_in_progress: int = 0
+    sequences_running: int = 0
+    sequences_queued: int = 0
+    sequences_decoding: int = 0
+    peak_running_seqs: int = 0
+
+
+class SimBackend(PerRequestBackend):
+    """A simulated server; see the module docstring for the model.
+
+    Args:
+        config: a :class:`SimConfig` (or pass its fields as keyword arguments).
+        record: keep one :class:`SimRequest` per original request in
+            :attr:`requests` (memory grows with the requests served).
+        token_pool: token ids that outputs are sliced from (tiled or cut to
+            65536 ids, :data:`POOL_SIZE`), e.g. a tokenised corpus so that completions decode to
+            plausible text; default: ids uniform in ``[first_token_id, vocab_size)``.
+    """
+
+    kind = "sim"
+
+    def __init__(self, config: SimConfig | None = None, *, record: bool = False,
+                 token_pool: Sequence[int] | None = None, **overrides: Any) -> None:
+        self.config = config or SimConfig(**overrides)
+        super().__init__(max_concurrency=self.config.max_concurrency)
+        cfg = self.config
+        self._rng = random.Random(cfg.seed)
+        self._tok_pool, self._lp_pool = token_pools(cfg.seed, cfg.first_token_id, cfg.vocab_size)
+        if token_pool is not None:
+            try:
+                self._tok_pool = tile_pool(token_pool)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from None
+        self._seen: dict[int, int] = {}
+        self._resumes: dict[str, _Resume] = {}
+        self.record = record
+        self.requests: list[SimRequest] = []
+        self.errors_injected = 0
+        self.aborts_injected = 0
+        self.stragglers = 0
+        self.image_requests = 0  # requests that carried image_data (served like any other)
+        self.in_progress = 0  # requests being served now (prefill, decode or queued at the server)
+        self.peak_in_progress = 0
+        # One event clock for every request, even when they do not interact: waking
+        # a parked task is much cheaper than a trio.sleep per request (a timeout is
+        # a cancellation: an exception raised and caught per wake-up).
+        self._model = ServerModel(per_token_s=cfg.per_token_s, max_running_seqs=cfg.max_running_seqs,
+                                  decode_slowdown_per_seq=cfg.decode_slowdown_per_seq)
+        self._clock_scope: trio.CancelScope | None = None
+
+    # -- draws ---------------------------------------------------------------------------------------
+    def draw(self, input_ids: Sequence[int], budget: int, *, gconfig_seed: int | None = None,
+             occurrence: int | None = None) -> SimDraw:
+        """The draws of one request (length, straggling, failure, pool offset).
+
+        With ``draws_by_prompt`` and an explicit ``occurrence`` this has no side
+        effect, so a benchmark can plan the work ahead of a run.
+        """
+        cfg = self.config
+        key = None
+        if gconfig_seed is not None:
+            rng = request_seed_rng(cfg.seed, gconfig_seed, input_ids)
+        elif cfg.draws_by_prompt:
+            key = prompt_key(input_ids)
+            if occurrence is None:
+                occurrence = self._seen.get(key, 0)
+                self._seen[key] = occurrence + 1
+            rng = prompt_rng(cfg.seed, key, occurrence)
+        else:
+            rng = random.Random(self._rng.getrandbits(64))
+        return draw(cfg, rng, budget, key=key)
+
+    @property
+    def token_pool(self) -> Sequence[int]:
+        """The :data:`POOL_SIZE` token ids that outputs are sliced from (read only)."""
+        return self._tok_pool
+
+    # -- serving -------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[SimBackend]:
+        """Run the event clock while open (needed when requests interact:
+        ``max_running_seqs`` or a decode slowdown; otherwise requests sleep alone)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._clock)
+                yield self
+                nursery.cancel_scope.cancel()
+        finally:
+            self._clock_scope = None
+
+    async def _clock(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Sleep until the model's next event, fire every due event, repeat
+        (arrivals move the deadline earlier when they need to)."""
+        model = self._model
+        task_status.started()
+        while True:
+            with trio.CancelScope(deadline=model.next_event_time()) as scope:
+                self._clock_scope = scope
+                await trio.sleep_forever()
+            model.advance(trio.current_time())
+
+    async def _occupy(self, prefill_s: float, steps: float) -> tuple[float, float]:
+        """Hold a slot for ``prefill_s`` then ``steps`` decode steps; returns
+        (end time, decode start time)."""
+        model = self._model
+        if self._clock_scope is None:  # generate() called outside open()
+            if self.config.shared_clock:
+                raise RuntimeError("SimBackend with max_running_seqs or decode slowdown serves requests only "
+                                   "inside `async with backend.open()` (open_rollout_engine enters it)")
+            start = trio.current_time()
+            await trio.sleep(prefill_s + steps * self.config.per_token_s)
+            return trio.current_time(), start + prefill_s
+        done = trio.Event()
+        times: list[float] = []
+
+        def on_done(end: float, decode_start: float) -> None:
+            times.extend((end, decode_start))
+            done.set()
+
+        seq = model.submit(trio.current_time(), prefill_s, steps, on_done)
+        self._wake_clock()
+        try:
+            await done.wait()
+        except BaseException:
+            model.cancel(trio.current_time(), seq)  # frees the slot: a queued sequence may start now
+            self._wake_clock()
+            raise
+        return times[0], times[1]
+
+    def _wake_clock(self) -> None:
+        """Move the clock's deadline earlier if the model's next event is now
+        sooner (a later one only makes the clock wake early and sleep again:
+        cheaper than moving a deadline on every arrival)."""
+        scope = self._clock_scope
+        if scope is not None:
+            t = self._model.next_event_time()
+            if t < scope.deadline:
+                scope.deadline = t
+
+    async def _generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        self.image_requests += bool(request.image_data)  # images cost nothing here: their tokens are in the prompt
+        self.in_progress += 1
+        self.peak_in_progress = max(self.peak_in_progress, self.in_progress)
+        try:
+            return await self._simulate(request, budget)
+        finally:
+            self.in_progress -= 1
+
+    async def _simulate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        cfg = self.config
+        version = self.version  # read before the segment is sent (AReaL PR #1569)
+        start = trio.current_time()
+        prompt_len = len(request.input_ids)
+        resume = self._resumes.pop(request.rid, None)
+        if resume is not None:  # the rest of an aborted request
+            n, finished, offset, mult, outcome = resume.rest, resume.finished, resume.offset, resume.multiplier, OK
+            n = min(n, budget)
+            finished = finished and n == resume.rest
+        else:
+            d = self.draw(request.input_ids, budget, gconfig_seed=request.gconfig.seed)
+            n, finished, offset, mult, outcome = d.n, d.finished, d.offset, d.multiplier, d.outcome
+            if mult > 1:
+                self.stragglers += 1
+            if self.record:
+                key = d.key if d.key is not None else prompt_key(request.input_ids)
+                self.requests.append(SimRequest(key, prompt_len, n, mult, outcome))
+        prefill = cfg.prefill_seconds(prompt_len) * mult
+        if outcome == ERROR:
+            self.errors_injected += 1
+            await self._occupy(prefill, 0.0)
+            raise BackendError(f"request {request.rid}: injected server error (sim error_fraction)")
+        if outcome == ABORT:
+            self.aborts_injected += 1
+            half = n // 2
+            self._resumes[request.rid] = _Resume(n - half, finished, offset + half, mult)
+            n, finished = half, False
+        end, decode_start = await self._occupy(prefill, n * mult)
+        tokens, logprobs = completion(self._tok_pool, self._lp_pool, offset, n,
+                                      cfg.eos_token_id if finished else None)
+        return ModelResponse(
+            input_tokens=list(request.input_ids),
+            output_tokens=tokens,
+            output_logprobs=logprobs,
+            output_versions=[version] * n,
+            stop_reason="abort" if outcome == ABORT else ("stop" if finished else "length"),
+            latency=end - start,
+            ttft=decode_start - start + cfg.per_token_s * mult,
+        )
+
+    def statistics(self) -> SimStatistics:
+        model = self._model
+        return SimStatistics(**self._base_stats(), errors_injected=self.errors_injected,
+                             aborts_injected=self.aborts_injected, stragglers=self.stragglers,
+                             image_requests=self.image_requests,
+                             peak_requests_in_progress=self.peak_in_progress, sequences_running=model.occupied,
+                             sequences_queued=model.queued, sequences_decoding=model.decoding,
+                             peak_running_seqs=model.peak_occupied)
+

@@ -79,7 +79,8 @@ async def _agents(url: str, sessions: int, turns: int, out_len: int) -> dict[str
     # connections, and real agents live in many processes
     pools = [(httpx.AsyncClient(base_url=url, limits=limits, timeout=300),
               openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                 http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=300)))
+                                 http_client=openai.DefaultAsyncHttpxClient(
+                                     limits=limits, timeout=300)))  # type: ignore[arg-type]  # (openai types httpx2)
              for _ in range(max(1, sessions // 16))]
 
     async def agent(i: int) -> None:

@@ -529,7 +529,7 @@ def main() -> None:
         runs = sorted((fn(*fn_args) for _ in range(args.repeats)), key=lambda r: r["calls_per_s"])
         return dict(runs[len(runs) // 2], runs_calls_per_s=[r["calls_per_s"] for r in runs])
 
-    throughput = {
+    throughput: dict[str, dict[str, Any] | None] = {
         name: median_run(ours_throughput, kind, w, args.calls, args.concurrency)
         for name, kind in (("raw_trio_parallel", "raw"), ("pool", "pool"),
                            ("pool_batch16", "batched"))

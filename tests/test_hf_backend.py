@@ -213,10 +213,10 @@ async def test_abort_exactly_at_the_budget_keeps_all_tokens_as_length(tiny, rewa
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         # the abort flag is raised before the batch starts: the row is stopped at its
         # first step, which is also its whole budget
-        backend._abort_flag = True
+        backend._batcher.gate.abort = True
         resp = await engine.agenerate(ModelRequest(input_ids=p, gconfig=GenerationHyperparameters(
             max_new_tokens=1, ignore_eos=True)))
-        backend._abort_flag = False
+        backend._batcher.gate.abort = False
     assert resp.stop_reason == "length" and resp.output_len == 1
 
 

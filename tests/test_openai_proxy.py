@@ -12,10 +12,9 @@ import pytest
 import torch
 import trio
 
-from conftest import InProcessRewardPool
 from engine import EngineConfig, HFBackend, SimBackend, SimConfig, open_rollout_engine
 from engine.openai import ProxyConfig, open_openai_proxy
-from engine.testing import TINY_EOS_ID, build_tiny_model, build_tiny_tokenizer
+from engine.testing import TINY_EOS_ID, InProcessRewardPool, build_tiny_model, build_tiny_tokenizer
 from openai_fixtures import CALCULATOR, ScriptedBackend, tool_call_text
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
@@ -86,10 +85,10 @@ async def test_a_real_tiny_model_conversation_through_the_proxy_is_token_exact(t
     log = []
 
     class Recording(HFBackend):
-        def _generate(self, group, boundaries):
-            rows, first = super()._generate(group, boundaries)
-            log.extend((list(job.request.input_ids), row) for job, row in zip(group, rows))
-            return rows, first
+        async def generate(self, request, budget):
+            resp = await super().generate(request, budget)
+            log.append((list(request.input_ids), (resp.output_tokens, resp.output_logprobs, resp.stop_reason)))
+            return resp
 
     backend = Recording(path, tok, max_batch_size=2, batch_window_s=0.0)
     async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:

@@ -97,9 +97,11 @@ async def test_a_real_tiny_model_conversation_through_the_proxy_is_token_exact(t
             client = sdk(proxy, s["api_key"])
             msgs = list(QUESTION)
             first = await client.chat.completions.create(model="default", messages=msgs, max_tokens=12,
-                                                         temperature=1.0, tools=[CALCULATOR])
+                                                         temperature=1.0, seed=3, tools=[CALCULATOR])
             msgs += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
-            await client.chat.completions.create(model="default", messages=msgs, max_tokens=12, tools=[CALCULATOR])
+            # seeded: unseeded random bytes from the tiny model can (rarely) re-tokenize differently
+            await client.chat.completions.create(model="default", messages=msgs, max_tokens=12, seed=4,
+                                                 tools=[CALCULATOR])
             await http.post("/rl/set_reward", json={"reward": 1.0}, headers=bearer(s))
             await http.post("/rl/end_session", json={"style": "concat"}, headers=bearer(s))
             result = await engine.wait_for_task(s["task_id"])

@@ -85,7 +85,7 @@ class ContinuousBatcher(Batcher):
         self.current_version = current_version
         self.max_batch_size = max_batch_size
         self.gate = Gate()  # open unless a weight sync holds new requests
-        self.stats: Counter[str] = Counter()
+        self._stats: Counter[str] = Counter()
         self._pause_cm: Any = None
         self.cache_tokens = cache_tokens
         self.page_size = page_size
@@ -164,7 +164,7 @@ class ContinuousBatcher(Batcher):
         live = _Live(job, f"{req.rid}#{next(self._ids)}", self.current_version(),  # read before sending (PR #1569)
                      frozenset(stop_ids(self.lm.tokenizer, req)), trio.current_time())
         self._live[live.rid] = live
-        self.stats["requests_running"] += 1
+        self._stats["requests_running"] += 1
         try:
             with job.cancel_scope:
                 self.manager.add_request(
@@ -174,7 +174,7 @@ class ContinuousBatcher(Batcher):
                 )
                 await live.done.wait()
         finally:
-            self.stats["requests_running"] -= 1
+            self._stats["requests_running"] -= 1
             if self._live.pop(live.rid, None) is not None and live.result is None:
                 self.manager.cancel_request(live.rid)  # withdrawn: free its slot
         if live.result is not None and not job.withdrawn:
@@ -233,9 +233,9 @@ class ContinuousBatcher(Batcher):
             else:
                 reason = "stop"  # a stop string
             versions = tag_versions(live.version, n, live.boundaries)
-            self.stats["requests_served"] += 1
-            self.stats["tokens_generated"] += n
-            self.stats["aborts"] += reason == "abort"
+            self._stats["requests_served"] += 1
+            self._stats["tokens_generated"] += n
+            self._stats["aborts"] += reason == "abort"
             live.result = outcome.Value(ModelResponse(
                 input_tokens=list(live.job.request.input_ids), output_tokens=tokens, output_logprobs=logprobs,
                 output_versions=versions, stop_reason=reason, latency=trio.current_time() - live.start,
@@ -248,6 +248,8 @@ class ContinuousBatcher(Batcher):
         """Hold new requests; ``"abort"``: answer every running request ``"abort"``; then
         hold the manager between two steps (``"in_place"``: once every earlier output is routed)."""
         self.gate.close()
+        if self.manager is None:  # not running (not open yet, or closed): nothing in flight
+            return
         if mode == "abort":
             for live in list(self._live.values()):
                 self.manager.cancel_request(live.rid)
@@ -270,7 +272,7 @@ class ContinuousBatcher(Batcher):
         self.gate.open()
 
     def counts(self) -> BatcherCounts:
-        s = self.stats
+        s = self._stats
         return BatcherCounts(requests_served=s["requests_served"], requests_running=s["requests_running"],
                              tokens_generated=s["tokens_generated"], aborts=s["aborts"])
 

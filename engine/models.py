@@ -18,29 +18,20 @@ in the dtype they choose (float32 on CPU).
 Cache folder: ``$TRIO_ROLLOUT_CACHE``, else ``$XDG_CACHE_HOME/trio-rollout``, else
 ``~/.cache/trio-rollout``. Every folder built here appears atomically: it is written
 into a temporary sibling, gets a marker file, and is renamed into place while holding
-an ``flock`` on the parent folder, so an interrupted build never leaves a half folder
-and two processes never build the same folder twice.
+an ``flock`` on the parent folder (:mod:`engine._folders`), so an interrupted build never
+leaves a half folder and two processes never build the same folder twice.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import logging
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from engine._folders import atomic_build, is_complete
 from engine.errors import InvalidRequestError
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock, the atomic rename still holds
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "BUILTIN_MODEL",
@@ -69,10 +60,6 @@ BUILTIN_TINY_VLM = "builtin:tiny-vlm"
 _TINY_VLM_DIRNAME = "tiny-vlm-llava-seed0"
 BUILTIN_TINY = "builtin:tiny"
 _TINY_DIRNAME = "tiny-llama-seed0"
-
-#: Written last into every folder this package builds; its presence means "complete".
-_MARKER_NAME = ".trio-rollout-complete"
-
 
 def default_cache_dir() -> Path:
     """The folder trio-rollout caches converted models in (not created here)."""
@@ -104,15 +91,15 @@ def resolve_model(spec: str | None) -> str:
     if spec is None or spec == BUILTIN_MODEL:
         return str(ensure_smollm2())
     if spec == BUILTIN_TINY:
-        from .testing import _write_tiny_model
+        from ._tiny import write_tiny_model
 
-        return str(_atomic_build(default_cache_dir() / _TINY_DIRNAME,
-                                 lambda tmp: _write_tiny_model(tmp, seed=0, arch="llama"), owned=True))
+        return str(atomic_build(default_cache_dir() / _TINY_DIRNAME,
+                                lambda tmp: write_tiny_model(tmp, seed=0, arch="llama"), owned=True))
     if spec == BUILTIN_TINY_VLM:
-        from .testing import _write_tiny_vlm
+        from ._tiny import write_tiny_vlm
 
-        return str(_atomic_build(default_cache_dir() / _TINY_VLM_DIRNAME, lambda tmp: _write_tiny_vlm(tmp, seed=0),
-                                 owned=True))
+        return str(atomic_build(default_cache_dir() / _TINY_VLM_DIRNAME, lambda tmp: write_tiny_vlm(tmp, seed=0),
+                                owned=True))
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidRequestError(f"model: expected a path, hub id or {BUILTIN_MODEL!r}, got {spec!r}")
     if spec.startswith("builtin:"):
@@ -166,87 +153,10 @@ def smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the converted SmolLM2 folder under ``cache_dir``, converting it once."""
     dest = smollm2_dir(cache_dir)
-    if _is_complete(dest):
+    if is_complete(dest):
         return dest
     gguf = find_smollm2_gguf()  # raise before taking any lock or creating folders
-    return _atomic_build(dest, lambda tmp: _convert_smollm2(gguf, tmp), owned=True)
-
-
-# ---------------------------------------------------------------------------------------
-# Atomic, locked folder builds (also used by engine.testing.build_tiny_model)
-
-
-def _is_complete(dest: Path) -> bool:
-    """True when ``dest`` was fully built (its marker file exists)."""
-    return (dest / _MARKER_NAME).is_file()
-
-
-def _atomic_build(
-    dest: str | os.PathLike[str],
-    build: Callable[[Path], dict | None],
-    *,
-    owned: bool = False,
-) -> Path:
-    """Build folder ``dest`` once, atomically, and return it.
-
-    ``build(tmp)`` fills the empty folder ``tmp`` (a sibling of ``dest``) and may return a
-    JSON-able dict stored in the marker. Then the marker is written and ``tmp`` renamed to
-    ``dest``. If ``dest`` is complete already (before or after taking the lock) nothing is
-    built. An existing incomplete ``dest`` is removed when ``owned`` (a cache folder this
-    package owns); otherwise it must be empty, else :class:`InvalidRequestError`.
-    """
-    dest = Path(dest).expanduser()
-    if _is_complete(dest):
-        return dest
-    parent = dest.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    with _dir_lock(parent):
-        if _is_complete(dest):
-            return dest
-        if dest.exists():
-            if owned:
-                logger.warning("removing incomplete folder %s", dest)
-                shutil.rmtree(dest)
-            elif not dest.is_dir() or any(dest.iterdir()):
-                raise InvalidRequestError(
-                    f"path: {str(dest)!r} exists and is not a complete trio-rollout build; "
-                    "remove it or choose an empty path"
-                )
-        tmp_prefix = f".{dest.name}.tmp-"
-        for stale in parent.glob(tmp_prefix + "*"):  # left by a killed build; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=parent))
-        try:
-            info = build(tmp) or {}
-            marker = {"built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **info}
-            (tmp / _MARKER_NAME).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
-            os.chmod(tmp, 0o755)  # mkdtemp made it 0700
-            for file in tmp.iterdir():
-                if file.is_file():
-                    os.chmod(file, 0o644)  # safetensors writes 0600
-            os.replace(tmp, dest)  # dest is absent or an empty directory here
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-@contextlib.contextmanager
-def _dir_lock(directory: Path) -> Iterator[None]:
-    """Exclusive ``flock`` on ``directory`` itself (no lock file left behind)."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process building in %s", directory)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return atomic_build(dest, lambda tmp: _convert_smollm2(gguf, tmp), owned=True)
 
 
 # ---------------------------------------------------------------------------------------

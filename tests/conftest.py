@@ -29,25 +29,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-class InProcessRewardPool:
-    """A reward pool stand-in for unit tests: calls the function in-process."""
-
-    def __init__(self):
-        self.calls = 0
-
-    async def score(self, reward_fn, prompt, completions, prompt_ids, completion_ids, **data):
-        from rewards import RewardOutcome
-
-        self.calls += 1
-        value = reward_fn(prompt, completions, prompt_ids, completion_ids, **data)
-        return RewardOutcome(reward=float(value), is_fallback=False, attempts=1, latency_s=0.0)
-
-    def statistics(self):
-        return {"calls": self.calls}
-
-
 @pytest.fixture
 def reward_pool():
+    """Rewards computed in-process (:class:`engine.testing.InProcessRewardPool`)."""
+    from engine.testing import InProcessRewardPool
+
     return InProcessRewardPool()
 
 

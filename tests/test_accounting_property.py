@@ -9,7 +9,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import InProcessRewardPool
+from engine.testing import InProcessRewardPool
 from engine import EngineConfig, MockBackend, ModelResponse, open_rollout_engine
 from engine.data import trajectory_from_response
 from workflows import RolloutWorkflow

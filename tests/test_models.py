@@ -20,7 +20,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine import models  # noqa: E402
+from engine import _folders, models  # noqa: E402
 from engine.errors import InvalidRequestError  # noqa: E402
 from engine.models import BUILTIN_MODEL, default_cache_dir, ensure_smollm2, resolve_model  # noqa: E402
 from engine.testing import TINY_EOS_ID, TINY_PAD_ID, build_tiny_model, build_tiny_tokenizer  # noqa: E402
@@ -193,7 +193,7 @@ def test_interrupted_build_leaves_nothing(tmp_path):
         raise KeyboardInterrupt  # e.g. Ctrl-C in the middle of a conversion
 
     with pytest.raises(KeyboardInterrupt):
-        models._atomic_build(tmp_path / "m", build)
+        _folders.atomic_build(tmp_path / "m", build)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -204,7 +204,7 @@ def test_stale_temp_folder_is_cleaned_and_incomplete_owned_folder_rebuilt(tmp_pa
     def build(tmp):
         (tmp / "ok").write_text("1")
 
-    dest = models._atomic_build(tmp_path / "m", build, owned=True)
+    dest = _folders.atomic_build(tmp_path / "m", build, owned=True)
     assert sorted(p.name for p in dest.iterdir()) == [".trio-rollout-complete", "ok"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
@@ -217,13 +217,13 @@ def test_concurrent_builders_build_once(tmp_path):
         time.sleep(0.2)
         (tmp / "config.json").write_text("{}")
 
-    threads = [threading.Thread(target=models._atomic_build, args=(tmp_path / "m", build)) for _ in range(4)]
+    threads = [threading.Thread(target=_folders.atomic_build, args=(tmp_path / "m", build)) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(calls) == 1
-    assert models._is_complete(tmp_path / "m")
+    assert _folders.is_complete(tmp_path / "m")
 
 
 # --------------------------------------------------------------------------- resolve_model

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import InProcessRewardPool
 from engine import (
     EngineConfig,
     GenerationHyperparameters,
@@ -22,7 +21,7 @@ from engine import (
     open_rollout_engine,
 )
 from engine.chat import TokenConversation, collect_drift_events, decode_text, message_delta
-from engine.testing import TINY_EOS_ID, build_tiny_model, build_tiny_tokenizer
+from engine.testing import TINY_EOS_ID, InProcessRewardPool, build_tiny_model, build_tiny_tokenizer
 from workflows.multi_turn import MultiTurnWorkflow
 
 FEEDBACK = "Wrong, try again."
@@ -58,10 +57,10 @@ class RecordingHF(HFBackend):
         super().__init__(*args, **kwargs)
         self.log: list[tuple[list[int], tuple]] = []
 
-    def _generate(self, group, boundaries):
-        rows, first = super()._generate(group, boundaries)
-        self.log.extend((list(job.request.input_ids), row) for job, row in zip(group, rows))
-        return rows, first
+    async def generate(self, request, budget):
+        resp = await super().generate(request, budget)
+        self.log.append((list(request.input_ids), (resp.output_tokens, resp.output_logprobs, resp.stop_reason)))
+        return resp
 
 
 class VersionBumpingPool(InProcessRewardPool):

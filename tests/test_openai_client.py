@@ -12,12 +12,11 @@ import torch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from conftest import InProcessRewardPool
 from engine import EngineConfig, InvalidRequestError, ModelResponse, open_rollout_engine
 from engine.chat import collect_drift_events, decode_text
 from engine.executor import sample_index
 from engine.openai import EngineOpenAI, Interaction, InteractionCache, JsonInTagsToolCallParser
-from engine.testing import build_tiny_tokenizer
+from engine.testing import InProcessRewardPool, build_tiny_tokenizer
 from openai_fixtures import CALCULATOR, ScriptedBackend, tool_call_text
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]

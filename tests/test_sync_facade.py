@@ -10,7 +10,7 @@ import threading
 import pytest
 import trio
 
-from conftest import InProcessRewardPool
+from engine.testing import InProcessRewardPool
 from engine import EngineConfig, MockBackend, SimBackend, SimConfig
 from engine.data import trajectory_from_response
 from engine.sync import RolloutEngineThread

@@ -13,7 +13,7 @@ import pytest
 import torch
 import trio
 
-from conftest import InProcessRewardPool
+from engine.testing import InProcessRewardPool
 from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
 from engine.data import trajectory_from_response
 from engine.datastream import DataStream

@@ -1,5 +1,5 @@
-"""What the ``hf`` backend's two batchers share: the job queue (one :class:`GenerationJob`
-per segment), the weight-sync :class:`Gate`, and :func:`stop_ids`.
+"""The ``hf`` backend's job queue (one :class:`GenerationJob` per segment) and the
+:class:`Batcher` interface that both batchers (static, continuous) implement over it.
 
 ``await queue.submit(request, budget)`` enqueues a job on a bounded trio channel (the
 backend's batcher receives from :attr:`JobQueue.jobs`) and waits for its reply.  Cancelling
@@ -10,16 +10,16 @@ generate thread reads).
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
-from typing import Any
 
 import outcome
 import trio
 
-from ..errors import BackendError
-from ..types import ModelRequest, ModelResponse
+from ...errors import BackendError
+from ...types import ModelRequest, ModelResponse
 
-__all__ = ["Gate", "GenerationJob", "JobQueue", "stop_ids"]
+__all__ = ["Batcher", "BatcherCounts", "GenerationJob", "JobQueue"]
 
 
 @dataclass(eq=False)
@@ -92,34 +92,60 @@ class JobQueue:
             job.reply(outcome.Error(BackendError(f"request {job.request.rid}: the backend closed")))
 
 
-def stop_ids(tokenizer: Any, req: ModelRequest) -> set[int]:
-    """The ids that end ``req``: ``gconfig.stop_token_ids`` plus the tokenizer's EOS
-    unless ``ignore_eos``."""
-    stop = set(req.gconfig.stop_token_ids)
-    if not req.gconfig.ignore_eos and tokenizer.eos_token_id is not None:
-        stop.add(int(tokenizer.eos_token_id))
-    return stop
+@dataclass(frozen=True)
+class BatcherCounts:
+    """A batcher's counters (the batcher-specific part of ``HFStatistics``).
+
+    Attributes:
+        requests_served: segments answered (any stop reason).
+        requests_running: segments being decoded now.
+        tokens_generated: tokens in the answered segments.
+        aborts: segments answered ``"abort"`` (weight updates in abort mode).
+        requests_waiting: received, not yet in a running batch (static).
+        batches: ``generate`` calls (static).
+        batch_occupancy: mean requests per ``generate`` call (static).
+    """
+
+    requests_served: int = 0
+    requests_running: int = 0
+    tokens_generated: int = 0
+    aborts: int = 0
+    requests_waiting: int = 0
+    batches: int = 0
+    batch_occupancy: float = 0.0
 
 
-class Gate:
-    """Open unless a weight sync holds it: batches (static) and requests (continuous)
-    start only while it is open."""
+class Batcher(abc.ABC):
+    """What ``HFBackend`` drives: a batcher serves the jobs of one queue over the
+    backend's one loaded model, and takes part in weight syncs.
 
-    def __init__(self) -> None:
-        self._open = trio.Event()
-        self._open.set()
+    The backend calls, in order: ``await nursery.start(batcher.run, jobs)``; then for each
+    weight sync ``pause(mode)``, (the backend loads the weights into the shared model)
+    ``weights_loaded(version)``, ``resume()``.  ``pause`` is called once per sync and
+    ``resume`` only after a ``pause``.
+    """
 
-    def close(self) -> None:
-        if self._open.is_set():
-            self._open = trio.Event()
+    @abc.abstractmethod
+    async def run(self, jobs: trio.MemoryReceiveChannel[GenerationJob], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``jobs`` until the channel closes or the task is cancelled; reports
+        started once it accepts jobs."""
 
-    def open(self) -> None:
-        self._open.set()
+    @abc.abstractmethod
+    async def pause(self, mode: str) -> None:
+        """Start no new work; ``"abort"``: answer the running segments ``"abort"`` with
+        their partial tokens; ``"in_place"``: park them between two decoding steps.
+        Returns once that is done."""
 
-    async def wait_open(self) -> None:
-        """Return once open (always a checkpoint; re-checked after it, so a close
-        during the checkpoint holds the caller)."""
-        while True:
-            await self._open.wait()
-            if self._open.is_set():
-                return
+    @abc.abstractmethod
+    def weights_loaded(self, version: int) -> None:
+        """While paused, the model's weights were replaced: tokens that running (parked)
+        segments decode from now on carry ``version``."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Undo :meth:`pause`: parked segments continue, new work starts."""
+
+    @abc.abstractmethod
+    def counts(self) -> BatcherCounts:
+        """A snapshot of the counters; cheap, sync."""

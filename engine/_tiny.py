@@ -1,44 +1,20 @@
-"""Offline helpers for testing workflows: a byte-level tokenizer and a tiny random model.
+"""The tiny offline models: a byte-level tokenizer, a tiny random causal LM, a tiny random VLM.
 
-Nothing here touches the network; everything is deterministic across processes.
-
-::
-
-    from engine.testing import build_tiny_model, build_tiny_tokenizer, build_tiny_vlm
-
-    tok = build_tiny_tokenizer()                        # 261 tokens, ChatML template
-    path = build_tiny_model(tmp_path / "tiny")          # HF folder: config, weights, tokenizer
-    # then use `path` wherever a model spec is accepted (a local directory)
-    vlm = build_tiny_vlm(tmp_path / "vlm")              # Llava: config, weights, processor
-
-Tokenizer ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<|im_start|>`` 3, ``<|im_end|>`` 4,
-then byte ``b`` is id ``b + 5`` (no merges: one token per UTF-8 byte, so ids are easy to
-reason about). ``eos_token`` is ``<|im_end|>`` (4): chat turns end with it, so a
-generation config built with ``new_with_stop_and_pad_token_ids`` stops there; ``pad_token``
-is ``<pad>`` (0); ``<eos>`` (2) is an ordinary special token that stops nothing.
-Padding is on the left (for batched generation).
-
-The model is a random ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM``) of ~0.1M parameters:
-wire, abort, logprob and padding tests run in milliseconds on CPU; its text is noise. Its
-weights are drawn with std 0.2 (not the usual 0.02) so that next-token distributions are
-far from flat: a near-uniform model would give every token the same log-prob and hide an
-off-by-one between tokens and log-probs. Greedy output may hit ``<|im_end|>`` early; pass
-``ignore_eos`` or a fixed budget where a test needs a length.
-
-The tiny vision-language model (:func:`build_tiny_vlm`, ``TOOLING_NOTES.md`` §10) is a random
-``LlavaForConditionalGeneration``: a 1-layer CLIP vision tower on 32x32 images (patch 8, so 16
-patches + CLS = 17 image features), a projector, and the tiny Llama above as its language model.
-Its tokenizer is the tiny tokenizer plus ``<image>`` (id 261); its processor (``LlavaProcessor``,
-CLIP image processor, PIL backend) expands each ``<image>`` in the text to 17 of them and turns
-an image into ``pixel_values`` of shape ``[1, 3, 32, 32]`` float32.
+Nothing here touches the network; everything is deterministic across processes.  The
+public entry is :mod:`engine.testing` (ids and shapes are documented there); the model
+cache (:mod:`engine.models`) builds ``builtin:tiny`` and ``builtin:tiny-vlm`` from the
+``write_*`` recipes, which is why they live here, below both (``engine.testing`` sits
+above the reward package, which uses the model cache).  ``write_*`` fill an empty
+folder; ``build_*`` write a folder atomically (:func:`engine._folders.atomic_build`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from engine.models import _atomic_build
+from engine._folders import atomic_build
 
 __all__ = [
     "TINY_BOS_ID",
@@ -51,6 +27,8 @@ __all__ = [
     "build_tiny_tokenizer",
     "build_tiny_vlm",
     "build_tiny_vlm_processor",
+    "write_tiny_model",
+    "write_tiny_vlm",
 ]
 
 _SPECIALS = ("<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>")
@@ -146,16 +124,18 @@ def build_tiny_model(path: str | os.PathLike[str], *, seed: int = 0, arch: str =
         raise ValueError(f"arch: expected one of {_ARCHS}, got {arch!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed: expected an int, got {seed!r}")
-    dest = _atomic_build(Path(path), lambda tmp: _write_tiny_model(tmp, seed=seed, arch=arch))
+    dest = atomic_build(Path(path), lambda tmp: write_tiny_model(tmp, seed=seed, arch=arch))
     return str(dest)
 
 
-def _write_tiny_model(out: Path, *, seed: int, arch: str) -> dict:
+def write_tiny_model(out: Path, *, seed: int, arch: str) -> dict:
+    """Write the tiny model of :func:`build_tiny_model` into the empty folder ``out``
+    (not atomic); return what describes it (for a cache marker)."""
     import torch
     from transformers import GenerationConfig
 
     tokenizer = build_tiny_tokenizer()
-    shape = dict(
+    shape: dict[str, Any] = dict(
         # qwen2: AutoTokenizer loads the folder as Qwen2Tokenizer, which appends <|endoftext|> (261)
         vocab_size=len(tokenizer) + (1 if arch == "qwen2" else 0),
         hidden_size=64,
@@ -170,15 +150,15 @@ def _write_tiny_model(out: Path, *, seed: int, arch: str) -> dict:
         eos_token_id=TINY_EOS_ID,
         pad_token_id=TINY_PAD_ID,
     )
-    if arch == "llama":
-        from transformers import LlamaConfig as Config, LlamaForCausalLM as Model
-    else:
-        from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
-    config = Config(**shape, dtype="float32")
+    import transformers
+
+    config_class: Any = transformers.LlamaConfig if arch == "llama" else transformers.Qwen2Config
+    model_class: Any = transformers.LlamaForCausalLM if arch == "llama" else transformers.Qwen2ForCausalLM
+    config = config_class(**shape, dtype="float32")
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
         torch.manual_seed(seed)
         with torch.device("cpu"):
-            model = Model(config).to(torch.float32)
+            model = model_class(config).to(torch.float32)
     model.generation_config = GenerationConfig(
         bos_token_id=TINY_BOS_ID, eos_token_id=TINY_EOS_ID, pad_token_id=TINY_PAD_ID
     )
@@ -227,10 +207,12 @@ def build_tiny_vlm(path: str | os.PathLike[str], *, seed: int = 0) -> str:
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed: expected an int, got {seed!r}")
-    return str(_atomic_build(Path(path), lambda tmp: _write_tiny_vlm(tmp, seed=seed)))
+    return str(atomic_build(Path(path), lambda tmp: write_tiny_vlm(tmp, seed=seed)))
 
 
-def _write_tiny_vlm(out: Path, *, seed: int) -> dict:
+def write_tiny_vlm(out: Path, *, seed: int) -> dict:
+    """Write the tiny VLM of :func:`build_tiny_vlm` into the empty folder ``out`` (not
+    atomic); return what describes it (for a cache marker)."""
     import torch
     from transformers import CLIPVisionConfig, GenerationConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
@@ -247,7 +229,8 @@ def _write_tiny_vlm(out: Path, *, seed: int) -> dict:
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
         torch.manual_seed(seed)
         with torch.device("cpu"):
-            model = LlavaForConditionalGeneration(config).to(torch.float32)
+            model: Any = LlavaForConditionalGeneration(config)
+            model = model.to(torch.float32)
     model.generation_config = GenerationConfig(
         bos_token_id=TINY_BOS_ID, eos_token_id=TINY_EOS_ID, pad_token_id=TINY_PAD_ID
     )

@@ -15,8 +15,8 @@ import io
 from collections import defaultdict
 from typing import Any
 
-from ..errors import InvalidRequestError
-from ..types import ModelRequest
+from ...errors import InvalidRequestError
+from ...types import ModelRequest
 
 __all__ = ["image_inputs"]
 

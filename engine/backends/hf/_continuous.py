@@ -17,39 +17,37 @@ at the match).  Not supported (a clear :class:`InvalidRequestError`; use
 ``frequency_penalty``, ``image_data``.  Logprobs are those of transformers' ``return_logprobs``:
 the log-softmax of the processed scores, the same semantics as static mode.
 
-Weight sync (driven by :class:`~engine.backends.hf.HFBackend`): :meth:`ContinuousServer.pause`
-``"abort"`` cancels every running request and replies ``"abort"`` with its tokens so far
-(the engine resumes them); both modes then hold ``manager.pause()`` (between two decoding
-steps; cache and requests kept) and, ``"in_place"``, wait until the pump has routed every
-output produced before the pause.  :meth:`ContinuousServer.mark_boundary` records, after
-the weights were swapped, the version boundary of every request still running;
-:meth:`ContinuousServer.resume` releases the manager.
+Weight sync (driven by :class:`~engine.backends.hf.HFBackend`): :meth:`ContinuousBatcher.pause`
+closes the gate (new requests wait); ``"abort"`` cancels every running request and replies
+``"abort"`` with its tokens so far (the engine resumes them); both modes then hold
+``manager.pause()`` (between two decoding steps; cache and requests kept) and,
+``"in_place"``, wait until the pump has routed every output produced before the pause.
+:meth:`ContinuousBatcher.weights_loaded` records, after the weights were swapped, the
+version boundary of every request still running; :meth:`ContinuousBatcher.resume`
+releases the manager and opens the gate.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import threading
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import outcome
 import trio
 
-from ..errors import BackendError, InvalidRequestError
-from ..types import ModelResponse
-from ._jobs import Gate, GenerationJob, stop_ids
+from ...errors import BackendError, InvalidRequestError
+from ...types import ModelResponse, StopReason
+from ._gate import Gate
+from ._jobs import Batcher, BatcherCounts, GenerationJob
+from ._model import LoadedModel, stop_ids, tag_versions
 
-if TYPE_CHECKING:
-    from collections import Counter
+__all__ = ["ContinuousBatcher"]
 
-    from .hf import HFBackend
-
-logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
-
-_NO_TOP_K = 100_000_000
 #: the base warpers must exist for per-request values to apply (transformers
 #: only builds a warper whose config value is not neutral)
 _BASE_TEMPERATURE, _BASE_TOP_P = 0.5, 0.5
@@ -70,14 +68,24 @@ class _Live:
     done: trio.Event = field(default_factory=trio.Event)
 
 
-class ContinuousServer:
-    """The continuous-batching half of :class:`HFBackend` (see the module docstring)."""
+class ContinuousBatcher(Batcher):
+    """Continuous batching over ``lm`` (see the module docstring).
 
-    def __init__(self, backend: HFBackend, gate: Gate, stats: Counter[str], *, cache_tokens: int,
-                 page_size: int) -> None:
-        self.backend = backend  # its public model, tokenizer, vocab_size, max_batch_size, version
-        self.gate = gate  # open unless a weight sync holds new requests
-        self.stats = stats  # the backend's counters
+    Args:
+        lm: the backend's loaded model.
+        current_version: the policy version tokens are tagged with, read before each request.
+        max_batch_size: requests per decoding step.
+        cache_tokens: KV-cache size, in tokens.
+        page_size: tokens per KV-cache block.
+    """
+
+    def __init__(self, lm: LoadedModel, current_version: Callable[[], int], *, max_batch_size: int,
+                 cache_tokens: int, page_size: int = 32) -> None:
+        self.lm = lm
+        self.current_version = current_version
+        self.max_batch_size = max_batch_size
+        self.gate = Gate()  # open unless a weight sync holds new requests
+        self._stats: Counter[str] = Counter()
         self._pause_cm: Any = None
         self.cache_tokens = cache_tokens
         self.page_size = page_size
@@ -92,19 +100,19 @@ class ContinuousServer:
         import torch
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        b = self.backend
-        gen = GenerationConfig(do_sample=True, temperature=_BASE_TEMPERATURE, top_k=b.vocab_size,
+        lm = self.lm
+        gen = GenerationConfig(do_sample=True, temperature=_BASE_TEMPERATURE, top_k=lm.vocab_size,
                                top_p=_BASE_TOP_P, eos_token_id=-1, max_new_tokens=1024,
-                               pad_token_id=b.tokenizer.pad_token_id or 0)
+                               pad_token_id=lm.tokenizer.pad_token_id or 0)
         cbc = ContinuousBatchingConfig(
             page_size=self.page_size, num_blocks=max(4, math.ceil(self.cache_tokens / self.page_size)),
             max_batch_tokens=max(self.page_size, min(self.cache_tokens, 4096)),
-            max_requests_per_batch=b.max_batch_size, return_logprobs=True, per_request_processors=True,
+            max_requests_per_batch=self.max_batch_size, return_logprobs=True, per_request_processors=True,
             # no prefix sharing: cached blocks would outlive a weight update (stale KV)
             allow_block_sharing=False,
         )
         with torch.inference_mode():
-            self.manager = b.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
+            self.manager = lm.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
         self.manager.start()
 
     async def run(self, jobs: trio.MemoryReceiveChannel[GenerationJob], *,
@@ -119,7 +127,7 @@ class ContinuousServer:
                     async for job in jobs:
                         if job.withdrawn:
                             continue
-                        problem = self.unsupported(job) or self.backend.fit_context(job)
+                        problem = self.unsupported(job) or self.lm.fit_context(job)
                         if problem:
                             job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
                             continue
@@ -136,7 +144,7 @@ class ContinuousServer:
     def _stop_manager(self) -> None:
         if self.manager is not None:
             self.manager.stop(block=True)
-            self.backend.model.destroy_cached_continuous_batching_manager()
+            self.lm.model.destroy_cached_continuous_batching_manager()
             self.manager = None
 
     @staticmethod
@@ -152,22 +160,21 @@ class ContinuousServer:
 
     # -- one request -----------------------------------------------------------------------
     async def _serve(self, job: GenerationJob) -> None:
-        b = self.backend
         req, g = job.request, job.request.gconfig
-        live = _Live(job, f"{req.rid}#{next(self._ids)}", b.version,  # version read before sending (PR #1569)
-                     frozenset(stop_ids(b.tokenizer, req)), trio.current_time())
+        live = _Live(job, f"{req.rid}#{next(self._ids)}", self.current_version(),  # read before sending (PR #1569)
+                     frozenset(stop_ids(self.lm.tokenizer, req)), trio.current_time())
         self._live[live.rid] = live
-        self.stats["requests_running"] += 1
+        self._stats["requests_running"] += 1
         try:
             with job.cancel_scope:
                 self.manager.add_request(
                     list(req.input_ids), request_id=live.rid, max_new_tokens=job.budget, streaming=True,
                     eos_token_id=sorted(live.stop_ids) or -1, temperature=float(max(g.temperature, 1e-5)),
-                    top_k=int(min(g.top_k, b.vocab_size)), top_p=float(g.top_p),
+                    top_k=int(min(g.top_k, self.lm.vocab_size)), top_p=float(g.top_p),
                 )
                 await live.done.wait()
         finally:
-            self.stats["requests_running"] -= 1
+            self._stats["requests_running"] -= 1
             if self._live.pop(live.rid, None) is not None and live.result is None:
                 self.manager.cancel_request(live.rid)  # withdrawn: free its slot
         if live.result is not None and not job.withdrawn:
@@ -202,16 +209,12 @@ class ContinuousServer:
             self._finish(live)
 
     def _stop_string_cut(self, live: _Live) -> bool:
-        stops = live.job.request.gconfig.stop
-        if not stops:
+        k = self.lm.stop_string_cut(live.tokens, live.job.request.gconfig.stop)
+        if k is None:
             return False
-        decode = self.backend.tokenizer.decode
-        for k in range(1, len(live.tokens) + 1):
-            if any(s in decode(live.tokens[:k], skip_special_tokens=False) for s in stops):
-                del live.tokens[k:], live.logprobs[k:]  # the cut is at the match
-                self.manager.cancel_request(live.rid)
-                return True
-        return False
+        del live.tokens[k:], live.logprobs[k:]  # the cut is at the match
+        self.manager.cancel_request(live.rid)
+        return True
 
     def _finish(self, live: _Live, *, error: Exception | None = None, aborted: bool = False) -> None:
         self._live.pop(live.rid, None)
@@ -220,6 +223,7 @@ class ContinuousServer:
         else:
             n = min(len(live.tokens), live.job.budget)
             tokens, logprobs = live.tokens[:n], live.logprobs[:n]
+            reason: StopReason
             if tokens and tokens[-1] in live.stop_ids:
                 reason = "stop"
             elif n >= live.job.budget:
@@ -228,12 +232,10 @@ class ContinuousServer:
                 reason = "abort"
             else:
                 reason = "stop"  # a stop string
-            versions = [live.version] * n
-            for step, version in live.boundaries:
-                versions[step:] = [version] * max(0, n - step)
-            self.stats["requests_served"] += 1
-            self.stats["tokens_generated"] += n
-            self.stats["aborts"] += reason == "abort"
+            versions = tag_versions(live.version, n, live.boundaries)
+            self._stats["requests_served"] += 1
+            self._stats["tokens_generated"] += n
+            self._stats["aborts"] += reason == "abort"
             live.result = outcome.Value(ModelResponse(
                 input_tokens=list(live.job.request.input_ids), output_tokens=tokens, output_logprobs=logprobs,
                 output_versions=versions, stop_reason=reason, latency=trio.current_time() - live.start,
@@ -241,10 +243,13 @@ class ContinuousServer:
             ))
         live.done.set()
 
-    # -- weight sync (called by HFBackend, with new requests held by the gate) ------------------
+    # -- weight sync (Batcher) -----------------------------------------------------------------
     async def pause(self, mode: str) -> None:
-        """``"abort"``: answer every running request ``"abort"``; then hold the manager
-        between two steps (``"in_place"``: once every earlier output is routed)."""
+        """Hold new requests; ``"abort"``: answer every running request ``"abort"``; then
+        hold the manager between two steps (``"in_place"``: once every earlier output is routed)."""
+        self.gate.close()
+        if self.manager is None:  # not running (not open yet, or closed): nothing in flight
+            return
         if mode == "abort":
             for live in list(self._live.values()):
                 self.manager.cancel_request(live.rid)
@@ -255,7 +260,7 @@ class ContinuousServer:
         if mode == "in_place":
             await trio.to_thread.run_sync(self._wait_routed)
 
-    def mark_boundary(self, version: int) -> None:
+    def weights_loaded(self, version: int) -> None:
         """The weights changed (manager held): later tokens of running requests carry ``version``."""
         for live in self._live.values():
             live.boundaries.append((len(live.tokens), version))
@@ -264,6 +269,12 @@ class ContinuousServer:
         cm, self._pause_cm = self._pause_cm, None
         if cm is not None:
             await trio.to_thread.run_sync(cm.__exit__, None, None, None)
+        self.gate.open()
+
+    def counts(self) -> BatcherCounts:
+        s = self._stats
+        return BatcherCounts(requests_served=s["requests_served"], requests_running=s["requests_running"],
+                             tokens_generated=s["tokens_generated"], aborts=s["aborts"])
 
     def _wait_routed(self) -> None:
         """Thread, loop paused: return once every output produced before the

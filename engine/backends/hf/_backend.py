@@ -1,0 +1,252 @@
+""":class:`HFBackend`: one loaded model (:mod:`._model`) served by one of two batchers
+(:mod:`._static`, :mod:`._continuous`) behind the backend's own job queue (:mod:`._jobs`).
+
+See the package docstring (:mod:`engine.backends.hf`) for sampling, logprobs, versions,
+weight updates and images.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ...errors import BackendError, InvalidRequestError
+from ...types import ModelRequest, ModelResponse
+from ..base import BackendStatistics, InferenceBackend, check_sync_mode
+from ._continuous import ContinuousBatcher
+from ._jobs import Batcher, JobQueue
+from ._model import LoadedModel
+from ._static import StaticBatcher
+
+__all__ = ["HFBackend", "HFStatistics"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFStatistics(BackendStatistics):
+    """:class:`~engine.backends.base.BackendStatistics` of an :class:`HFBackend`.
+
+    Attributes:
+        mode: ``"static"`` or ``"continuous"``.
+        requests_waiting: received, not yet in a running batch (static).
+        batches: ``generate`` calls (static).
+        batch_occupancy: mean requests per ``generate`` call (static).
+        aborts: segments answered ``"abort"`` (weight updates in abort mode).
+        weight_updates: weight updates applied.
+        paused: a weight sync holds new batches.
+    """
+
+    mode: str
+    requests_waiting: int = 0
+    batches: int = 0
+    batch_occupancy: float = 0.0
+    aborts: int = 0
+    weight_updates: int = 0
+    paused: bool = False
+
+
+class HFBackend(InferenceBackend):
+    """Serve a transformers causal LM (or image-text-to-text model) from this process.
+
+    Args:
+        model: a local HF folder or hub id (loaded when the backend opens), or an
+            already-loaded ``PreTrainedModel`` (then ``tokenizer`` is required).
+        tokenizer: optional tokenizer (loaded from ``model`` when omitted).
+        device: ``"cuda"`` when available else ``"cpu"`` by default.
+        dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), or a torch dtype name.
+        mode: ``"static"`` (default: one left-padded ``generate`` per batch of
+            queued requests; every sampling parameter; deterministic with a seed)
+            or ``"continuous"`` (transformers' continuous batching: requests join
+            and leave the running batch independently; see
+            :mod:`engine.backends.hf._continuous` for what it supports).
+        max_batch_size: requests per ``generate`` call (static) or per step
+            (continuous); also the job queue's capacity.
+        batch_window_s: a batch keeps collecting requests while each arrives
+            within this many seconds of the previous one, so that a burst of
+            episodes lands in one batch (static mode).
+        cache_tokens: KV-cache size of continuous mode, in tokens (sized
+            explicitly: auto-sizing takes ~15 s on CPU).
+
+    Attributes:
+        update_requested: a ``threading.Event`` set while a weight sync's pause is on
+            (a generate thread, or a test, may wait on it).
+
+    Raises:
+        InvalidRequestError: a bad argument (naming it).  From :meth:`open`: whatever
+            transformers raises when the model cannot be loaded.  Per request:
+            :class:`InvalidRequestError` for an unsupported parameter
+            (``frequency_penalty``; ``image_data`` on a text-only model or in
+            continuous mode; an ``image_data`` entry that is not a base64 image, or
+            no processor to read it with); :class:`BackendError` when the backend is
+            not open.
+    """
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        mode: str = "static",
+        max_batch_size: int = 64,
+        batch_window_s: float = 0.02,
+        cache_tokens: int = 16384,
+    ) -> None:
+        if mode not in ("static", "continuous"):
+            raise InvalidRequestError(f"mode must be 'static' or 'continuous', got {mode!r}")
+        if max_batch_size < 1:
+            raise InvalidRequestError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batch_window_s < 0:
+            raise InvalidRequestError(f"batch_window_s must be >= 0, got {batch_window_s}")
+        self._lm = LoadedModel(model, tokenizer, device=device, dtype=dtype)
+        self.mode = mode
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.cache_tokens = cache_tokens
+        self._batcher: Batcher = self._new_batcher()
+        self._queue: JobQueue | None = None
+        self._paused_mode: str | None = None
+        self._weight_updates = 0
+        self.update_requested = threading.Event()
+
+    def _new_batcher(self) -> Batcher:
+        def version() -> int:
+            return self.version
+
+        if self.mode == "continuous":
+            return ContinuousBatcher(self._lm, version, max_batch_size=self.max_batch_size,
+                                     cache_tokens=self.cache_tokens)
+        return StaticBatcher(self._lm, version, max_batch_size=self.max_batch_size,
+                             batch_window_s=self.batch_window_s)
+
+    # -- the loaded model (public, read after open) ------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The ``PreTrainedModel`` (``None`` before :meth:`open` when given a spec)."""
+        return self._lm.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._lm.tokenizer
+
+    @property
+    def processor(self) -> Any:
+        """The model folder's ``AutoProcessor`` (image models only), else ``None``."""
+        return self._lm.processor
+
+    @property
+    def accepts_images(self) -> bool:
+        """The model has a vision tower (known once loaded)."""
+        return self._lm.accepts_images
+
+    @property
+    def device(self) -> str:
+        return self._lm.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self._lm.vocab_size
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens of context (prompt + output), ``None`` when the config names none."""
+        return self._lm.context_length
+
+    # -- lifetime and requests ------------------------------------------------
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[HFBackend]:
+        """Load the model (in a thread), then run the batcher until the scope ends;
+        requests still queued then fail with :class:`BackendError`."""
+        await trio.to_thread.run_sync(self._lm.load)
+        queue = JobQueue(self.max_batch_size)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._batcher.run, queue.jobs)
+            self._queue = queue
+            try:
+                yield self
+            finally:
+                self._queue = None
+                queue.close()
+                nursery.cancel_scope.cancel()
+
+    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+        queue = self._queue
+        if queue is None:
+            raise BackendError(f"request {request.rid}: the hf backend is not open (use `async with backend.open()`; "
+                               "open_rollout_engine does)")
+        return await queue.submit(request, budget)
+
+    # -- weight sync (engine.backends.base.WeightSync) ----------------------------------
+    @property
+    def paused(self) -> bool:
+        return self._paused_mode is not None
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Hold new batches; ``"abort"``: stop the running batch at its next step (its
+        unfinished rows answer ``"abort"`` with their partial tokens); ``"in_place"``:
+        park it between two steps.  Returns once that happened.  Pausing again while
+        paused does nothing.
+
+        Raises:
+            InvalidRequestError: unknown mode.
+        """
+        check_sync_mode("hf backend pause", mode)
+        if self._paused_mode is not None:
+            return
+        self._paused_mode = mode
+        self.update_requested.set()
+        await self._batcher.pause(mode)
+
+    async def resume(self) -> None:
+        """Release a parked batch and let new batches start."""
+        if self._paused_mode is None:
+            return
+        await self._batcher.resume()
+        self.update_requested.clear()
+        self._paused_mode = None
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """Load new weights; tokens decoded with them carry ``version`` (the rows of a
+        batch parked in place; later segments carry the version the engine sets).
+
+        Args:
+            source: a state dict (``{name: tensor}``) or a checkpoint folder that
+                ``from_pretrained`` can load (same architecture).
+            version: the version of the new weights.
+            mode: ``"abort"`` or ``"in_place"`` (see the package docstring); used to
+                pause when the backend is not paused already (then it resumes after).
+
+        Raises:
+            InvalidRequestError: unknown ``mode``.
+            BackendError: the weights do not fit the model (missing/unexpected keys,
+                shape mismatch); the old weights stay.
+        """
+        check_sync_mode("hf backend update_weights", mode)
+        own_pause = self._paused_mode is None
+        if own_pause:
+            await self.pause(mode)
+        try:
+            state = await trio.to_thread.run_sync(self._lm.read_state, source)
+            await trio.to_thread.run_sync(self._lm.load_state, state)
+            self._weight_updates += 1
+            self._batcher.weights_loaded(version)
+        finally:
+            if own_pause:
+                await self.resume()
+
+    def statistics(self) -> HFStatistics:
+        c = self._batcher.counts()
+        return HFStatistics(
+            kind=self.kind, version=self.version, logprob_semantics=self.logprob_semantics,
+            requests_served=c.requests_served, requests_running=c.requests_running,
+            tokens_generated=c.tokens_generated, mode=self.mode, requests_waiting=c.requests_waiting,
+            batches=c.batches, batch_occupancy=c.batch_occupancy, aborts=c.aborts,
+            weight_updates=self._weight_updates, paused=self.paused,
+        )

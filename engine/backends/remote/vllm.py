@@ -72,7 +72,7 @@ from ._errors import RemoteCallError
 from ._routing import Server
 from ._wire import ParsedGeneration, WireCall, WireProtocol
 
-__all__ = ["PROCESSED_LOGPROBS_MODE", "WORKER_EXTENSION", "VLLMBackend", "VLLMWire", "vllm_abort_id",
+__all__ = ["PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id",
            "vllm_worker_dir"]
 
 #: the server's ``--logprobs-mode`` that gives this package's logprob semantics

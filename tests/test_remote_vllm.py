@@ -4,7 +4,7 @@ Marked ``vllm`` (and ``slow``), an opt-in tier: run with ``pytest --vllm``; then
 *fails* (never skips) when the venv made by ``../shared/tools/setup_vllm_cpu.sh`` is missing --
 ``$TRIO_ROLLOUT_VLLM_VENV``, default ``.venv-vllm`` in the repository root.  The module starts
 one server (30-75 s) with the tools' tiny random Llama (head_dim 64), ``--dtype float32``,
-``--enforce-eager``, ``--logprobs-mode processed_logprobs`` (the semantics every backend
+``--enforce-eager``, ``--max-model-len 2048``, ``--logprobs-mode processed_logprobs`` (the semantics every backend
 here reports; the ``vllm`` backend checks it) and this package's worker extension
 (``--worker-extension-cls`` :data:`~engine.backends.remote.WORKER_EXTENSION`, with
 :func:`~engine.backends.remote.vllm_worker_dir` on its ``PYTHONPATH``; without it vLLM 0.32 on
@@ -41,6 +41,10 @@ TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT = [257, 104, 105, 258, 10, 257]  # <|im_start|> "hi" <|im_end|> "\n" <|im_start|>
+#: tokens of a generation that a test stops midway: ~6 s on the 2-core box, long enough that
+#: the server is still generating when a poll of its metrics (slow on a busy machine) sees it start
+LONG = 2000
+MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings
 
 
 def _free_port() -> int:
@@ -65,6 +69,7 @@ def vllm(tmp_path_factory):
     env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root), "PYTHONPATH": vllm_worker_dir()}
     started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
                               "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
+                              "--max-model-len", str(MAX_MODEL_LEN),
                               "--worker-extension-cls", WORKER_EXTENSION],
                              capture_output=True, text=True, env=env, timeout=420)
     if started.returncode != 0:
@@ -181,45 +186,67 @@ async def test_stop_token_ids_end_the_generation_with_the_stop_token(vllm, rewar
     assert len(stopped.output_logprobs) == first  # the stop token keeps its logprob
 
 
+async def generated(url) -> float:
+    """Tokens the server generated so far, once every earlier request's are counted: a
+    one-token request goes through first (its stats come after theirs)."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        await client.post(url + "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1})
+    return (await server_state(url))["generated"] - 1
+
+
 async def test_abort_by_choice_id_and_client_disconnect_stop_server_work(vllm, reward_pool):
+    """Each part starts a LONG-token request, waits until the server generated some of its
+    tokens, then stops it; a part whose request finished first (a busy machine) runs again."""
     url, _ = vllm
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True, "logprobs": 0,
-            "return_token_ids": True, "request_id": "contract-abort"}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": LONG, "ignore_eos": True, "logprobs": 0,
+            "return_token_ids": True}
     async with httpx.AsyncClient(timeout=60) as client:
         # 1. abort by the per-choice id: the call returns 200, finish "abort", partial tokens
-        answer = {}
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                async def post():
-                    answer["r"] = (await client.post(url + "/v1/completions", json=body)).json()
+        for attempt in range(3):
+            answer, rid = {}, f"contract-abort-{attempt}"
+            with trio.fail_after(120):
+                async with trio.open_nursery() as nursery:
+                    async def post():
+                        answer["r"] = (await client.post(url + "/v1/completions", json={**body, "request_id": rid})).json()
 
-                nursery.start_soon(post)
-                await wait_running(url, lambda n: n >= 1)
-                aborted = (await client.post(url + "/abort_requests",
-                                             json={"request_ids": [vllm_abort_id("contract-abort")]})).json()
-        choice = answer["r"]["choices"][0]
+                    start = await generated(url)
+                    nursery.start_soon(post)
+                    await wait_for(url, lambda s: s["generated"] > start, "tokens generated")
+                    aborted = (await client.post(url + "/abort_requests",
+                                                 json={"request_ids": [vllm_abort_id(rid)]})).json()
+            choice = answer["r"]["choices"][0]
+            if choice["finish_reason"] == "abort":
+                break
         assert aborted["status"] == "aborted" and choice["finish_reason"] == "abort"
-        assert 0 < len(choice["token_ids"]) < 1000 and len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+        assert 0 < len(choice["token_ids"]) < LONG and len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
         # 2. a client that goes away: the server stops the request
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(client.post, url + "/v1/completions",
-                                                     json={**body, "request_id": "contract-disconnect"}))
-                await wait_running(url, lambda n: n >= 1)
-                nursery.cancel_scope.cancel()
-            await wait_running(url, lambda n: n == 0)
+        for attempt in range(3):
+            with trio.fail_after(120):
+                start = await generated(url)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(client.post, url + "/v1/completions",
+                                                         json={**body, "request_id": f"contract-gone-{attempt}"}))
+                    await wait_for(url, lambda s: s["generated"] > start, "tokens generated")
+                    nursery.cancel_scope.cancel()
+                await wait_running(url, lambda n: n == 0)
+                produced = await generated(url) - start
+            if produced < LONG:
+                break
+        assert 0 < produced < LONG, produced
     # 3. a cancelled episode: the backend sends the abort (shielded) and vLLM accepts the id
     backend = backend_for(url)
-    with trio.fail_after(120):
+    with trio.fail_after(300):
         async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(engine.agenerate, ModelRequest(input_ids=PROMPT, gconfig=G(
-                    max_new_tokens=1000, ignore_eos=True)))
-                await wait_running(url, lambda n: n >= 1)
-                nursery.cancel_scope.cancel()
+            for _ in range(3):
+                start = await generated(url)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(engine.agenerate, ModelRequest(input_ids=PROMPT, gconfig=G(
+                        max_new_tokens=LONG, ignore_eos=True)))
+                    await wait_for(url, lambda s, start=start: s["generated"] > start, "tokens generated")
+                    nursery.cancel_scope.cancel()
+                if backend.statistics().aborts_sent:  # (sent inside the cancelled attempt, shielded)
+                    break
             await wait_running(url, lambda n: n == 0)
-            while not backend.statistics().aborts_sent:
-                await trio.sleep(0.01)
     stats = backend.statistics()
     assert stats.aborts_sent == 1 and stats.aborts_failed == 0
 
@@ -227,7 +254,7 @@ async def test_abort_by_choice_id_and_client_disconnect_stop_server_work(vllm, r
 async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):
     url, model_dir = vllm
     backend = backend_for(url)
-    n = 1000
+    n = LONG
     g = G(greedy=True, max_new_tokens=n, ignore_eos=True)
     with trio.fail_after(300):
         async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
@@ -240,7 +267,7 @@ async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):
                     result["resp"] = await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
 
                 async with trio.open_nursery() as nursery:
-                    start = (await server_state(url))["generated"]
+                    start = await generated(url)
                     nursery.start_soon(episode)
                     # some tokens produced on the real server, not all of them
                     await wait_for(url, lambda s: s["generated"] >= start + 50, "tokens generated")
@@ -258,7 +285,7 @@ async def test_pause_abort_and_resume_across_the_pause(vllm, reward_pool):
                     break
             # keep mode: the request is frozen on the server and finishes after /resume
             async with trio.open_nursery() as nursery:
-                start = (await server_state(url))["generated"]
+                start = await generated(url)
                 nursery.start_soon(functools.partial(engine.agenerate, ModelRequest(input_ids=PROMPT, gconfig=g)))
                 await wait_for(url, lambda s: s["generated"] >= start + 50, "tokens generated")
                 await backend.pause_generation("keep")
@@ -332,7 +359,7 @@ async def _generate_across_an_update(engine, url, prompts, n, folder, version):
             max_new_tokens=n, ignore_eos=True)))
 
     async with trio.open_nursery() as nursery:
-        start = (await server_state(url))["generated"]
+        start = await generated(url)
         for i in range(len(prompts)):
             nursery.start_soon(one, i)
         await wait_for(url, lambda s: s["generated"] >= start + 40 * len(prompts), "tokens generated")
@@ -347,7 +374,7 @@ async def test_engine_update_weights_mid_generation(vllm, other_weights, reward_
     tokens after it from the new ones (teacher-forced, re-prefilled with the tokens so far)."""
     url, model_dir = vllm
     backend = backend_for(url)
-    n = 900  # (the server's --max-model-len is 1024)
+    n = LONG // 2  # four at once
     prompts = [PROMPT + [97 + i] for i in range(4)]
     folders = [model_dir, other_weights]
     with trio.fail_after(300):

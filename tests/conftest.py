@@ -14,19 +14,28 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+#: opt-in tiers against real servers: marker -> what the flag runs.  Without the flag their
+#: tests are skipped; with it they run and FAIL (never skip) when the server cannot be started.
+OPT_IN_TIERS = {
+    "vllm": "the tier against a real vLLM CPU server (its venv: $TRIO_ROLLOUT_VLLM_VENV, default .venv-vllm)",
+    "router": "the tier against a real sglang-router (its venv: $TRIO_ROLLOUT_ROUTER_VENV, default .venv-router)",
+}
+
+
 def pytest_addoption(parser):
-    parser.addoption("--vllm", action="store_true", default=False,
-                     help="run the opt-in tier against a real vLLM CPU server (tests marked vllm); its tests "
-                          "FAIL when the vLLM venv or the tools are missing")
+    for tier, what in OPT_IN_TIERS.items():
+        parser.addoption(f"--{tier}", action="store_true", default=False,
+                         help=f"run {what}: tests marked {tier}; they FAIL when that venv or its tools are missing")
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--vllm"):
-        return
-    skip = pytest.mark.skip(reason="opt-in tier: pass --vllm to run it against a real vLLM CPU server")
-    for item in items:
-        if "vllm" in item.keywords:
-            item.add_marker(skip)
+    for tier in OPT_IN_TIERS:
+        if config.getoption(f"--{tier}"):
+            continue
+        skip = pytest.mark.skip(reason=f"opt-in tier: pass --{tier} to run {OPT_IN_TIERS[tier]}")
+        for item in items:
+            if tier in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

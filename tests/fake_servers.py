@@ -204,12 +204,17 @@ class FakeSGLang(_Fake):
 
 class FakeVLLM(_Fake):
     """vLLM's routes: /v1/completions, /v1/models, /abort_requests, /pause, /resume, /health,
-    and (dev mode) /server_info, /collective_rpc reload_weights, /update_weight_version."""
+    and (dev mode) /server_info, /collective_rpc reload_weights (or the worker extension's
+    rollout_reload_weights when ``worker_extension_cls`` is set), /reset_prefix_cache,
+    /update_weight_version.  ``device``: ``device_config.device`` in /server_info (None: absent)."""
 
-    def __init__(self, *, logprobs_mode: str = "processed_logprobs", dev_mode: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, logprobs_mode: str = "processed_logprobs", dev_mode: bool = True,
+                 device: str | None = None, worker_extension_cls: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.logprobs_mode = logprobs_mode
         self.dev_mode = dev_mode
+        self.device = device
+        self.worker_extension_cls = worker_extension_cls
 
     async def handle(self, request: HTTPRequest) -> HTTPResponse:
         self.calls.append((request.method, request.path))
@@ -217,16 +222,26 @@ class FakeVLLM(_Fake):
         if request.path == "/health":
             return HTTPResponse(self.health, b"")
         if not self.dev_mode and request.path in ("/server_info", "/collective_rpc", "/update_weight_version",
-                                                  "/pause", "/resume", "/abort_requests"):
+                                                  "/pause", "/resume", "/abort_requests", "/reset_prefix_cache"):
             return json_response({"detail": "Not Found"}, 404)
         if request.path == "/server_info":
             assert request.query.get("config_format") == ["json"]
-            return json_response({"vllm_config": {"model_config": {"logprobs_mode": self.logprobs_mode}}})
+            config: dict[str, Any] = {"model_config": {"logprobs_mode": self.logprobs_mode},
+                                      "parallel_config": {"worker_extension_cls": self.worker_extension_cls}}
+            if self.device is not None:
+                config["device_config"] = {"device": self.device}
+            return json_response({"vllm_config": config})
         if request.path == "/collective_rpc":
             self.control.append(("rpc", body))
-            assert body["method"] == "reload_weights" and body["kwargs"]["is_checkpoint_format"] is True
+            if self.worker_extension_cls:
+                assert body["method"] == "rollout_reload_weights" and set(body["kwargs"]) == {"weights_path"}
+            else:
+                assert body["method"] == "reload_weights" and body["kwargs"]["is_checkpoint_format"] is True
             self.weights = body["kwargs"]["weights_path"]
             return json_response({"results": [None]})
+        if request.path == "/reset_prefix_cache":
+            self.control.append(("reset_prefix_cache", None))
+            return json_response({"success": True})
         if request.path == "/update_weight_version":
             self.control.append(("version", body))
             self.weight_version = body["new_version"]

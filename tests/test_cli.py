@@ -185,25 +185,26 @@ def test_run_against_a_rollout_serve_process_over_sglang_wire(tmp_path, capsys):
     model_dir = build_tiny_model(tmp_path / "tiny", seed=0)
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", model_dir, "--port", "0",
                              "--torch-threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        url = None
-        for line in proc.stdout:  # the server prints "... ready on URL" once it listens
-            if "ready on " in line:
-                url = line.split("ready on ", 1)[1].split()[0]
-                break
-        assert url, "rollout serve exited before it was ready"
-        out = tmp_path / "out"
-        code, _, err = _run(["run", "--backend", "sglang", "--server", url, "--model", model_dir, "--dataset",
-                             "builtin:arith", "--limit", "4", "--n-samples", "2", "--max-new-tokens", "8",
-                             "--quiet", "--out", str(out)], capsys)
-        assert code == 0, err
-        batch, rows, summary = _read_outputs(out)
-        assert summary["accepted"] == 4 and batch.batch_size == torch.Size([8])
-        assert summary["logprob_semantics"] == "processed"
-        assert max_logprob_error(model_dir, batch) < 1e-3
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    with proc:  # closes the pipe at the end
+        try:
+            url = None
+            for line in proc.stdout:  # the server prints "... ready on URL" once it listens
+                if "ready on " in line:
+                    url = line.split("ready on ", 1)[1].split()[0]
+                    break
+            assert url, "rollout serve exited before it was ready"
+            out = tmp_path / "out"
+            code, _, err = _run(["run", "--backend", "sglang", "--server", url, "--model", model_dir, "--dataset",
+                                 "builtin:arith", "--limit", "4", "--n-samples", "2", "--max-new-tokens", "8",
+                                 "--quiet", "--out", str(out)], capsys)
+            assert code == 0, err
+            batch, rows, summary = _read_outputs(out)
+            assert summary["accepted"] == 4 and batch.batch_size == torch.Size([8])
+            assert summary["logprob_semantics"] == "processed"
+            assert max_logprob_error(model_dir, batch) < 1e-3
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def test_remote_backend_without_server_is_an_error(tmp_path, capsys):

@@ -21,8 +21,18 @@ QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 CALL = tool_call_text("calculator", {"expression": "2+3"})
 
 
-def sdk(proxy, key):
-    return openai.AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
+@pytest.fixture
+async def sdk():
+    """``sdk(proxy, api_key)``: an ``openai.AsyncOpenAI`` for the proxy, closed after the test."""
+    clients = []
+
+    def make(proxy, key):
+        clients.append(openai.AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.close()
 
 
 async def start(http, data=None):
@@ -45,7 +55,7 @@ async def tool_conversation(client):
     return first, second
 
 
-async def test_a_two_turn_tool_calling_session_through_the_sdk_becomes_exact_rows():
+async def test_a_two_turn_tool_calling_session_through_the_sdk_becomes_exact_rows(sdk):
     tok = build_tiny_tokenizer()
     backend = ScriptedBackend(tok, [CALL, "#### 5"])
     async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:
@@ -79,7 +89,7 @@ async def test_a_two_turn_tool_calling_session_through_the_sdk_becomes_exact_row
     assert (pstats.started, pstats.ended, pstats.abandoned, pstats.requests) == (1, 1, 0, 2)
 
 
-async def test_a_real_tiny_model_conversation_through_the_proxy_is_token_exact(tmp_path):
+async def test_a_real_tiny_model_conversation_through_the_proxy_is_token_exact(tmp_path, sdk):
     path = build_tiny_model(tmp_path / "tiny")
     tok = build_tiny_tokenizer()
     log = []
@@ -117,7 +127,7 @@ async def test_a_real_tiny_model_conversation_through_the_proxy_is_token_exact(t
     assert mask[-len(tokens2):] == [1] * len(tokens2)
 
 
-async def test_a_crafted_history_is_counted_as_drift_by_the_engine():
+async def test_a_crafted_history_is_counted_as_drift_by_the_engine(sdk):
     tok = build_tiny_tokenizer()
     backend = ScriptedBackend(tok, ["I think 6", "#### 5"])
     async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:
@@ -134,7 +144,7 @@ async def test_a_crafted_history_is_counted_as_drift_by_the_engine():
     assert result.trajectory["retokenization_drift"].tolist() == [False, True]
 
 
-async def test_an_idle_session_is_accounted_as_failed_never_lost():
+async def test_an_idle_session_is_accounted_as_failed_never_lost(sdk):
     tok = build_tiny_tokenizer()
     async with open_rollout_engine(ScriptedBackend(tok), reward_pool=InProcessRewardPool()) as engine:
         config = ProxyConfig(session_idle_timeout_s=0.2)
@@ -208,7 +218,7 @@ async def test_admission_is_the_engines_and_a_session_given_up_is_still_accounte
     assert (b.status, b.reason) == ("failed", "session_abandoned")
 
 
-async def test_errors_are_openai_shaped_and_the_other_routes_work():
+async def test_errors_are_openai_shaped_and_the_other_routes_work(sdk):
     tok = build_tiny_tokenizer()
     async with open_rollout_engine(ScriptedBackend(tok, ["lo"]), reward_pool=InProcessRewardPool()) as engine:
         config = ProxyConfig(model="tiny", admin_api_key="admin")
@@ -282,7 +292,7 @@ async def test_256_simultaneous_sessions_on_the_sim_are_all_accounted():
         assert r.trajectory["rewards"].tolist() == [float(r.data["i"] % 2)]
 
 
-async def test_a_trainer_can_wait_for_sessions_before_any_client_started_one():
+async def test_a_trainer_can_wait_for_sessions_before_any_client_started_one(sdk):
     """Regression (new-user trial): the documented recipe called engine.wait(n) right after
     opening the proxy, which raises before any session exists."""
     tok = build_tiny_tokenizer()

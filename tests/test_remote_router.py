@@ -2,7 +2,8 @@
 ``sglang-router`` 0.3.2, a Rust wheel without torch) in front of two ``rollout serve``
 processes on 127.0.0.1 -- the router URL works as one server.
 
-Marked ``router`` (and ``slow``): skipped unless a venv with ``sglang_router`` exists
+Marked ``router`` (and ``slow``), an opt-in tier: run with ``pytest --router``; then every
+test *fails* (never skips) when there is no venv with ``sglang_router``
 (``$TRIO_ROLLOUT_ROUTER_VENV``, default ``.venv-router``; make it with
 ``python -m venv .venv-router && .venv-router/bin/pip install sglang-router==0.3.2``).
 Real processes: real-time bounds and polling of server state.
@@ -34,11 +35,7 @@ def _has_router() -> bool:
     return any((VENV / "lib").glob("python3*/site-packages/sglang_router")) if (VENV / "lib").exists() else False
 
 
-pytestmark = [
-    pytest.mark.router,
-    pytest.mark.slow,
-    pytest.mark.skipif(not _has_router(), reason=f"no sglang-router venv at {VENV}"),
-]
+pytestmark = [pytest.mark.router, pytest.mark.slow]
 
 
 def _free_port() -> int:
@@ -49,6 +46,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
+    if not _has_router():
+        pytest.fail(f"--router asked for the real sglang-router tier, but there is no venv with sglang_router at "
+                    f"{VENV} (python -m venv {VENV} && {VENV}/bin/pip install sglang-router==0.3.2)")
     root = tmp_path_factory.mktemp("router")
     model = build_tiny_model(root / "tiny", seed=0)
     workers = [ServeProcess(model, root / f"serve{i}.log") for i in range(2)]
@@ -56,10 +56,11 @@ def router(tmp_path_factory):
     try:
         urls = [w.wait_ready() for w in workers]
         port = _free_port()
-        proc = subprocess.Popen(
-            [str(VENV / "bin" / "python"), "-m", "sglang_router.launch_router", "--worker-urls", *urls,
-             "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"],
-            stdout=(root / "router.log").open("w"), stderr=subprocess.STDOUT)
+        with (root / "router.log").open("w") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                [str(VENV / "bin" / "python"), "-m", "sglang_router.launch_router", "--worker-urls", *urls,
+                 "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:  # until the router lists both workers as healthy

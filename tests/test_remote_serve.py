@@ -40,12 +40,13 @@ class ServeProcess:
 
     def __init__(self, model_dir: str, log_path: Path, *extra: str) -> None:
         self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.serve", "--model", model_dir, "--port", "0", "--torch-threads", "1",
-             "--max-batch-size", "32", *extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=log_path.open("w"), text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        )
+        with log_path.open("w") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.serve", "--model", model_dir, "--port", "0", "--torch-threads", "1",
+                 "--max-batch-size", "32", *extra],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+            )
         self.url: str | None = None
         self.terminated = False
 
@@ -65,6 +66,7 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+        self.proc.stdout.close()
 
     def terminate(self) -> None:
         """SIGTERM once: a clean stop (a second SIGTERM during shutdown would kill it)."""
@@ -76,10 +78,12 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.terminate()
             try:
-                return self.proc.wait(timeout=30)
+                self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        return self.proc.wait(timeout=30)
+        code = self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        return code
 
 
 @pytest.fixture(scope="module")

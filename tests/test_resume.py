@@ -61,6 +61,7 @@ class ForkServer:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+        self.proc.stdout.close()
 
 
 def _alive(pid: int) -> bool:

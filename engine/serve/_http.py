@@ -22,6 +22,7 @@ import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qs
@@ -96,10 +97,11 @@ async def read_body(request: Request) -> bytes:
         RequestRejected: 413, the body is larger than :data:`MAX_BODY_BYTES`.
     """
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise RequestRejected(413, "body too large")
+    async with aclosing(request.stream()) as chunks:  # closed at once when the body is refused
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise RequestRejected(413, "body too large")
     return bytes(body)
 
 

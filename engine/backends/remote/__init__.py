@@ -94,7 +94,7 @@ from ._routing import ServerPool, ServerStatistics
 from ._stats import RemoteStatistics
 from ._wire import ParsedGeneration, WireCall, WireProtocol
 from .sglang import SGLangBackend, SGLangWire
-from .vllm import VLLMBackend, VLLMWire, vllm_abort_id
+from .vllm import WORKER_EXTENSION, VLLMBackend, VLLMWire, vllm_abort_id, vllm_worker_dir
 
 __all__ = [
     "ParsedGeneration",
@@ -109,11 +109,13 @@ __all__ = [
     "ServerStatistics",
     "VLLMBackend",
     "VLLMWire",
+    "WORKER_EXTENSION",
     "WireCall",
     "WireProtocol",
     "make_remote_backend",
     "map_exceptions",
     "vllm_abort_id",
+    "vllm_worker_dir",
 ]
 
 _KINDS: dict[str, type[RemoteBackend]] = {"sglang": SGLangBackend, "vllm": VLLMBackend}

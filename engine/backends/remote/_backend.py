@@ -410,5 +410,6 @@ class RemoteBackend(PerRequestBackend):
 
     # -- statistics -----------------------------------------------------------------
     def statistics(self) -> RemoteStatistics:
-        return RemoteStatistics(**self._base_stats(), **{name: self._stats[name] for name in COUNTERS},
-                                paused=self.control.paused, servers=tuple(self.pool.statistics()))
+        counters: dict[str, Any] = {name: self._stats[name] for name in COUNTERS}
+        return RemoteStatistics(**self._base_stats(), **counters, paused=self.control.paused,
+                                servers=tuple(self.pool.statistics()))

@@ -37,31 +37,59 @@ sampled from.  A request with ``image_data`` raises :class:`InvalidRequestError`
 anything is sent; use the ``sglang`` or ``hf`` backend for vision workflows.
 
 Weights (:class:`~engine.backends.base.WeightSync`, through ``engine.update_weights``; dev
-mode, vLLM 0.32): ``POST /collective_rpc {"method": "reload_weights", "kwargs":
-{"weights_path": folder, "is_checkpoint_format": true}}`` (every worker reloads the folder
-in place), then ``POST /update_weight_version {"new_version": "<v>"}``, on every server of
-the pool, between ``/pause?mode=abort`` and ``/resume``.  A server without dev mode answers
-404, reported as such.
+mode, vLLM 0.32), on every server of the pool, between ``/pause?mode=abort`` and ``/resume``:
+``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": folder,
+"is_checkpoint_format": true}}`` (every worker reloads the folder in place), ``POST
+/reset_prefix_cache`` (no cached prompt KV computed by the old weights is reused; vLLM's
+``/pause`` clears it today only through a deprecated default), then ``POST
+/update_weight_version {"new_version": "<v>"}``.  A server without dev mode answers 404,
+reported as such.
+
+vLLM 0.32's CPU backend reloads a tied LM head wrongly (its prepacked GEMM weight keeps the
+start-up weights; see ``vllm_worker/rollout_vllm_worker.py`` next to this file), so
+the tokens after an update would come from neither the old nor the new weights.  The backend
+reads each server's ``/server_info`` before an update: when every server runs this package's
+worker extension (:data:`WORKER_EXTENSION`, files in :func:`vllm_worker_dir`) it calls the
+extension's ``rollout_reload_weights`` instead, which reloads and then repacks the head; a
+CPU server without the extension is refused with :class:`BackendError` before anything is
+loaded (start it with ``PYTHONPATH=<vllm_worker_dir()>`` and ``--worker-extension-cls
+rollout_vllm_worker.RolloutWorkerExtension``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError, InvalidRequestError
 from ...types import ModelRequest, ModelResponse
 from ..sglang_wire import sampling_params
 from ._backend import RemoteBackend
+from ._control import checkpoint_folder
 from ._errors import RemoteCallError
 from ._routing import Server
 from ._wire import ParsedGeneration, WireCall, WireProtocol
 
-__all__ = ["PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "vllm_abort_id"]
+__all__ = ["PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id",
+           "vllm_worker_dir"]
 
 #: the server's ``--logprobs-mode`` that gives this package's logprob semantics
 PROCESSED_LOGPROBS_MODE = "processed_logprobs"
+
+#: ``--worker-extension-cls`` value of this package's vLLM worker extension (importable by the
+#: server once :func:`vllm_worker_dir` is on its ``PYTHONPATH``)
+WORKER_EXTENSION = "rollout_vllm_worker.RolloutWorkerExtension"
+
+#: the extension's reload method (``POST /collective_rpc``)
+_EXTENSION_RELOAD = "rollout_reload_weights"
+
+
+def vllm_worker_dir() -> str:
+    """The folder to put on a vLLM server's ``PYTHONPATH`` for :data:`WORKER_EXTENSION`
+    (a plain module that imports only ``vllm``; see the module docstring)."""
+    return str(Path(__file__).resolve().parent / "vllm_worker")
 
 #: the sampling fields vLLM names differently from SGLang (:func:`sampling_params`)
 _VLLM_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
@@ -141,9 +169,14 @@ class VLLMWire(WireProtocol):
     def continue_call(self) -> WireCall:
         return "POST", "/resume", None, None
 
-    def weight_update_calls(self, folder: str, version: int) -> list[WireCall]:
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": folder, "is_checkpoint_format": True}}
+    def weight_update_calls(self, folder: str, version: int, *, extension: bool = False) -> list[WireCall]:
+        """Reload ``folder`` (stock ``reload_weights``, or :data:`WORKER_EXTENSION`'s
+        ``rollout_reload_weights`` with ``extension``), drop the prefix cache, set the version."""
+        rpc: dict[str, Any] = (
+            {"method": _EXTENSION_RELOAD, "kwargs": {"weights_path": folder}} if extension else
+            {"method": "reload_weights", "kwargs": {"weights_path": folder, "is_checkpoint_format": True}})
         return [("POST", "/collective_rpc", rpc, None),
+                ("POST", "/reset_prefix_cache", None, None),
                 ("POST", "/update_weight_version", {"new_version": str(version)}, None)]
 
     def model_info_call(self) -> tuple[str, str]:
@@ -213,8 +246,40 @@ class VLLMBackend(RemoteBackend):
             await super().resume()
 
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """See :meth:`RemoteBackend.update_weights` and the module docstring.
+
+        Raises:
+            BackendError: as there; also when a healthy server runs on CPU without
+                :data:`WORKER_EXTENSION` (vLLM 0.32 would keep its tied LM head's old
+                weights), before any server loads anything.
+        """
+        folder = checkpoint_folder(self.kind, source, mode)
         with _dev_mode_hint():
-            await super().update_weights(source, version=version, mode=mode)
+            extension = await self._reload_with_extension()
+            await self.apply_weight_update(self.wire.weight_update_calls(folder, version, extension=extension),
+                                           what=folder)
+
+    async def _reload_with_extension(self) -> bool:
+        """Whether every healthy server runs :data:`WORKER_EXTENSION` (read from
+        ``/server_info``); raise :class:`BackendError` when one does not and some server
+        of the pool runs on CPU."""
+        missing, cpu = [], []
+        for server in self.pool.healthy:
+            info = await self.call(server.url, "GET", "/server_info", params={"config_format": "json"},
+                                   timeout_s=self.timeouts.health_timeout_s)
+            config = info.get("vllm_config", {}) if isinstance(info, dict) else {}
+            if (config.get("parallel_config") or {}).get("worker_extension_cls") != WORKER_EXTENSION:
+                missing.append(server.url)
+            if (config.get("device_config") or {}).get("device") == "cpu":
+                cpu.append(server.url)
+        if missing and cpu:
+            raise BackendError(
+                f"vllm backend: update_weights refused: {', '.join(missing)} run(s) without the worker extension "
+                f"{WORKER_EXTENSION}, and {', '.join(cpu)} run(s) on CPU, where vLLM 0.32's reload_weights keeps "
+                "the start-up weights of a tied LM head (its prepacked CPU GEMM buffer is not rebuilt), so tokens "
+                "would come from neither the old nor the new weights; start every server with "
+                f"PYTHONPATH={vllm_worker_dir()} and --worker-extension-cls {WORKER_EXTENSION}")
+        return not missing
 
 
     async def prepare(self, server: Server) -> None:

@@ -150,6 +150,19 @@ def collect_drift_events() -> Iterator[list[str]]:
         _DRIFT_EVENTS.reset(token)
 
 
+def open_drift_sink(events: list[str]) -> contextvars.Token[tuple[list[str], ...]]:
+    """:func:`collect_drift_events` without the context manager: from here on, drift
+    events are also appended to ``events``; undo with :func:`close_drift_sink`
+    (the engine's per-episode path, where a context manager's objects would live
+    for the whole episode)."""
+    return _DRIFT_EVENTS.set((*_DRIFT_EVENTS.get(), events))
+
+
+def close_drift_sink(token: contextvars.Token[tuple[list[str], ...]]) -> None:
+    """Undo the :func:`open_drift_sink` that returned ``token``."""
+    _DRIFT_EVENTS.reset(token)
+
+
 def record_drift(detail: str) -> None:
     """Record a retokenization drift event found outside :func:`message_delta`
     (e.g. an OpenAI-compatible client asked to continue a conversation whose

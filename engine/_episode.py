@@ -88,15 +88,16 @@ async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
 
     Collects the member's reward outcomes and drift events like
     ``rewards.collect_reward_outcomes()`` / ``engine.chat.collect_drift_events()``
-    do, with the context variables set and reset here: no context-manager,
-    generator or closure objects live for the episode's whole run (each one that
+    do, with the context variables set and restored here: no context-manager,
+    generator, token or closure objects live for the episode's whole run (each one that
     outlives two young GC passes is promoted, and promotions are what trigger
     the full collections; see benchmarks/README.md)."""
     sample_index.set(i)  # task-local: each member runs in its own task (or context)
     scored: list[Any] = []
     drifts: list[str] = []
-    scored_token = _COLLECTOR.set(scored)
-    drift_token = open_drift_sink(drifts)
+    outer_scored = _COLLECTOR.get()  # restored below by value: no Token object lives for the episode
+    outer_sinks = open_drift_sink(drifts)
+    _COLLECTOR.set(scored)
     try:
         out = await task.workflow.arun_episode(engine, task.data)
         if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
@@ -107,8 +108,8 @@ async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
     except Exception as exc:
         outcomes[i] = leaf_exception(exc)
     finally:
-        close_drift_sink(drift_token)
-        _COLLECTOR.reset(scored_token)
+        close_drift_sink(outer_sinks)
+        _COLLECTOR.set(outer_scored)  # the successor task inherits this context: leave it as found
     if scored:
         engine._reward_fallbacks += sum(o.is_fallback for o in scored)
     engine._retokenization_drifts += len(drifts)

@@ -150,17 +150,19 @@ def collect_drift_events() -> Iterator[list[str]]:
         _DRIFT_EVENTS.reset(token)
 
 
-def open_drift_sink(events: list[str]) -> contextvars.Token[tuple[list[str], ...]]:
+def open_drift_sink(events: list[str]) -> tuple[list[str], ...]:
     """:func:`collect_drift_events` without the context manager: from here on, drift
-    events are also appended to ``events``; undo with :func:`close_drift_sink`
-    (the engine's per-episode path, where a context manager's objects would live
-    for the whole episode)."""
-    return _DRIFT_EVENTS.set((*_DRIFT_EVENTS.get(), events))
+    events are also appended to ``events``; returns what to give
+    :func:`close_drift_sink` to undo it (the engine's per-episode path, where a
+    context manager's objects would live for the whole episode)."""
+    outer = _DRIFT_EVENTS.get()
+    _DRIFT_EVENTS.set((*outer, events))
+    return outer
 
 
-def close_drift_sink(token: contextvars.Token[tuple[list[str], ...]]) -> None:
-    """Undo the :func:`open_drift_sink` that returned ``token``."""
-    _DRIFT_EVENTS.reset(token)
+def close_drift_sink(outer: tuple[list[str], ...]) -> None:
+    """Undo the :func:`open_drift_sink` that returned ``outer``."""
+    _DRIFT_EVENTS.set(outer)
 
 
 def record_drift(detail: str) -> None:

@@ -186,7 +186,9 @@ class RLVRWorkflow(RolloutWorkflow):
         n = self.gconfig.n_samples
         if n == 1:  # no child nursery, task, closure or helper frame for the common case
             resp = await engine.agenerate(self._request(prompt.ids, 0))
-            scored = await self._reward(engine, resp, data, prompt)
+            scoring = self._reward(engine, resp, data, prompt)
+            del prompt  # not kept alive while the reward runs (see engine._episode._member)
+            scored = await scoring
             return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
         trajectories: list[Any] = [None] * n
 

@@ -106,6 +106,18 @@ def _per_episode(name: str, value: Any) -> torch.Tensor:
     raise TypeError(f"extra[{name!r}]: expected a bool, int, float or tensor, got {type(value).__name__}")
 
 
+_ONE = torch.Size([1])
+_NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)  # tensordict >= 0.5
+
+
+def _new_td(fields: dict[str, torch.Tensor]) -> TensorDict:
+    """``TensorDict(fields, batch_size=[1])`` for fields already checked to have batch size 1
+    (``_new_unsafe`` skips the per-field checks: ~4 us less per trajectory)."""
+    if _NEW_UNSAFE is not None:
+        return _NEW_UNSAFE(fields, batch_size=_ONE)
+    return TensorDict(fields, batch_size=_ONE)  # pragma: no cover - older tensordict
+
+
 def build_trajectory(segments: Iterable[Segment], reward: float, *, is_truncated: bool | None = None,
                      reward_is_fallback: bool | None = None,
                      extra: Mapping[str, Any] | None = None) -> TensorDict:
@@ -188,7 +200,7 @@ def build_trajectory(segments: Iterable[Segment], reward: float, *, is_truncated
         if name in fields:
             raise ValueError(f"extra[{name!r}] clashes with a built-in trajectory field")
         fields[name] = _per_episode(name, value)
-    return TensorDict(fields, batch_size=[1])
+    return _new_td(fields)
 
 
 def trajectory_from_response(resp: ModelResponse, reward: float, *, turn_id: int = 0,

@@ -74,11 +74,11 @@ async def episode_result(engine: Any, task: Task) -> EpisodeResult:
         return failed_result(task, exc, reason="workflow_error")
     member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
     if task.should_accept_fn is not None:
-        reason, exc = await run_filter(engine, task.should_accept_fn, traj)
+        reason, filter_exc = await run_filter(engine, task.should_accept_fn, traj)
         if reason is not None:
             return EpisodeResult(task.task_id, "rejected", reason=reason, data=task.data,
-                                 error_type=type(exc).__name__ if exc else None,
-                                 error_message=str(exc) if exc else None)
+                                 error_type=type(filter_exc).__name__ if filter_exc else None,
+                                 error_message=str(filter_exc) if filter_exc else None)
     return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
 
 async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
@@ -129,12 +129,16 @@ def finish_group(engine: Any, task: Task, trajs: list[TensorDict], complete: boo
 
             traj["rewards"] = group_normalized_rewards(
                 [t.batch_size[0] for t in trajs],
-                [interaction_rewards.get(i, float(t["rewards"][-1])) for i, t in enumerate(trajs)])
+                [_or(interaction_rewards.get(i), float(t["rewards"][-1])) for i, t in enumerate(trajs)])
         elif complete:  # AReaL: population std + 1e-8
             traj["rewards"] = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
     if engine.config.staleness_policy == "flag" and engine.config.max_head_offpolicyness is not None:
         traj["is_stale"] = torch.zeros(rows, dtype=torch.bool)  # [B]
     return traj
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
 
 async def run_filter(engine: Any, fn: Callable[..., Any], traj: TensorDict) -> tuple[str | None, Exception | None]:
     """Run ``should_accept_fn`` under its deadline -> (rejection reason or None, error)."""

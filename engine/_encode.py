@@ -34,42 +34,42 @@ MAX_PIECE_CHARS = 8192
 class _PieceEncoder:
     """Cut at the raw-text added tokens; encode each piece once (LRU cache)."""
 
-    __slots__ = ("_encode", "_pattern", "_ids", "_pieces")
+    __slots__ = ("_fast", "_pattern", "_ids", "_pieces")
 
     def __init__(self, backend: Any, pattern: re.Pattern[str], ids: dict[str, int]) -> None:
-        fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.21: no offsets
-        if fast is not None:
-            self._encode = lambda text: fast([text], add_special_tokens=False)[0].ids
-        else:
-            self._encode = lambda text: backend.encode(text, add_special_tokens=False).ids
+        # no reference to the tokenizer itself: it is this entry's weak key
+        self._fast = hasattr(backend, "encode_batch_fast")  # tokenizers >= 0.21: no offsets
         self._pattern = pattern
         self._ids = ids
         self._pieces: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
 
-    def _piece(self, piece: str, out: list[int]) -> None:
+    def _piece(self, backend: Any, piece: str, out: list[int]) -> None:
         ids = self._pieces.get(piece)
         if ids is not None:
             self._pieces.move_to_end(piece)
             out += ids
             return
-        encoded = self._encode(piece)
+        if self._fast:
+            encoded = backend.encode_batch_fast([piece], add_special_tokens=False)[0].ids
+        else:
+            encoded = backend.encode(piece, add_special_tokens=False).ids
         out += encoded
         if len(piece) <= MAX_PIECE_CHARS:
             self._pieces[piece] = tuple(encoded)  # a tuple of ints: untracked by the GC
             if len(self._pieces) > PIECE_CACHE_SIZE:
                 self._pieces.popitem(last=False)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, backend: Any, text: str) -> list[int]:
         out: list[int] = []
         pos = 0
         for match in self._pattern.finditer(text):
             start = match.start()
             if start > pos:
-                self._piece(text[pos:start], out)
+                self._piece(backend, text[pos:start], out)
             out.append(self._ids[match.group()])
             pos = match.end()
         if pos < len(text):
-            self._piece(text[pos:], out)
+            self._piece(backend, text[pos:], out)
         return out
 
 
@@ -129,7 +129,7 @@ def encode_prompt(backend: Any, text: str) -> list[int]:
             pass
     encoder = entry[1]
     if encoder is not None:
-        return encoder.encode(text)
+        return encoder.encode(backend, text)
     fast = getattr(backend, "encode_batch_fast", None)
     if fast is not None:
         return list(fast([text], add_special_tokens=False)[0].ids)

@@ -90,3 +90,15 @@ def test_the_piece_cache_is_bounded(monkeypatch):
         assert encode_prompt(tok, text) == _whole(tok, text)
     pieces = _encode._ENCODERS[tok][1]._pieces
     assert len(pieces) == 3 and "system" in pieces  # the repeated piece stays (least recently used goes)
+
+
+def test_the_cache_does_not_keep_a_tokenizer_alive():
+    import gc
+    import weakref
+
+    tok = _bpe()
+    encode_prompt(tok, "<|im_start|>user<|im_end|>")
+    ref = weakref.ref(tok)
+    del tok
+    gc.collect()
+    assert ref() is None

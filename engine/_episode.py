@@ -16,8 +16,10 @@ import torch
 import trio
 from tensordict import TensorDict
 
+from rewards._outcome import _COLLECTOR  # rewards.collect_reward_outcomes' variable
+
 from ._records import EpisodeResult, Task, failed_result, leaf_exception, raised_at, sample_index
-from .chat import collect_drift_events
+from .chat import close_drift_sink, open_drift_sink
 from .data import concat_padded_tensors
 from .errors import failure_reason
 
@@ -25,32 +27,14 @@ __all__ = ["check_staleness", "episode_result", "finish_group", "is_stale", "run
 
 
 async def episode_result(engine: Any, task: Task) -> EpisodeResult:
-    from rewards import collect_reward_outcomes
-
     outcomes: list[Any] = [None] * task.group_size
     interaction_rewards: dict[int, float | None] = {}  # member -> episode reward, for interaction dicts
-
-    async def member(i: int) -> None:
-        sample_index.set(i)  # task-local: each member runs in its own task (or context)
-        with collect_reward_outcomes() as scored, collect_drift_events() as drifts:
-            try:
-                out = await task.workflow.arun_episode(engine, task.data)
-                if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
-                    from .openai.interaction import trajectory_from_interactions
-
-                    out, interaction_rewards[i] = trajectory_from_interactions(out)
-                outcomes[i] = out
-            except Exception as exc:
-                outcomes[i] = leaf_exception(exc)
-        engine._reward_fallbacks += sum(o.is_fallback for o in scored)
-        engine._retokenization_drifts += len(drifts)
-
     if task.group_size == 1:
-        await member(0)  # the episode task's own context
+        await _member(engine, task, 0, outcomes, interaction_rewards)  # the episode task's own context
     else:
         async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
             for i in range(task.group_size):
-                nursery.start_soon(member, i)
+                nursery.start_soon(_member, engine, task, i, outcomes, interaction_rewards)
 
     trajs, errors, rejected = [], [], 0
     for i, out in enumerate(outcomes):
@@ -90,12 +74,45 @@ async def episode_result(engine: Any, task: Task) -> EpisodeResult:
         return failed_result(task, exc, reason="workflow_error")
     member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
     if task.should_accept_fn is not None:
-        reason, exc = await run_filter(engine, task.should_accept_fn, traj)
+        reason, filter_exc = await run_filter(engine, task.should_accept_fn, traj)
         if reason is not None:
             return EpisodeResult(task.task_id, "rejected", reason=reason, data=task.data,
-                                 error_type=type(exc).__name__ if exc else None,
-                                 error_message=str(exc) if exc else None)
+                                 error_type=type(filter_exc).__name__ if filter_exc else None,
+                                 error_message=str(filter_exc) if filter_exc else None)
     return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
+
+async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
+                  interaction_rewards: dict[int, float | None]) -> None:
+    """Run group member ``i`` (its own task, or the episode's when the group has one
+    member) and leave its trajectory or exception in ``outcomes[i]``.
+
+    Collects the member's reward outcomes and drift events like
+    ``rewards.collect_reward_outcomes()`` / ``engine.chat.collect_drift_events()``
+    do, with the context variables set and restored here: no context-manager,
+    generator, token or closure objects live for the episode's whole run (each one that
+    outlives two young GC passes is promoted, and promotions are what trigger
+    the full collections; see benchmarks/README.md)."""
+    sample_index.set(i)  # task-local: each member runs in its own task (or context)
+    scored: list[Any] = []
+    drifts: list[str] = []
+    outer_scored = _COLLECTOR.get()  # restored below by value: no Token object lives for the episode
+    outer_sinks = open_drift_sink(drifts)
+    _COLLECTOR.set(scored)
+    try:
+        out = await task.workflow.arun_episode(engine, task.data)
+        if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
+            from .openai.interaction import trajectory_from_interactions
+
+            out, interaction_rewards[i] = trajectory_from_interactions(out)
+        outcomes[i] = out
+    except Exception as exc:
+        outcomes[i] = leaf_exception(exc)
+    finally:
+        close_drift_sink(outer_sinks)
+        _COLLECTOR.set(outer_scored)  # the successor task inherits this context: leave it as found
+    if scored:
+        engine._reward_fallbacks += sum(o.is_fallback for o in scored)
+    engine._retokenization_drifts += len(drifts)
 
 def finish_group(engine: Any, task: Task, trajs: list[TensorDict], complete: bool,
                   interaction_rewards: dict[int, float | None]) -> TensorDict:
@@ -112,12 +129,16 @@ def finish_group(engine: Any, task: Task, trajs: list[TensorDict], complete: boo
 
             traj["rewards"] = group_normalized_rewards(
                 [t.batch_size[0] for t in trajs],
-                [interaction_rewards.get(i, float(t["rewards"][-1])) for i, t in enumerate(trajs)])
+                [_or(interaction_rewards.get(i), float(t["rewards"][-1])) for i, t in enumerate(trajs)])
         elif complete:  # AReaL: population std + 1e-8
             traj["rewards"] = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
     if engine.config.staleness_policy == "flag" and engine.config.max_head_offpolicyness is not None:
         traj["is_stale"] = torch.zeros(rows, dtype=torch.bool)  # [B]
     return traj
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
 
 async def run_filter(engine: Any, fn: Callable[..., Any], traj: TensorDict) -> tuple[str | None, Exception | None]:
     """Run ``should_accept_fn`` under its deadline -> (rejection reason or None, error)."""

@@ -150,6 +150,21 @@ def collect_drift_events() -> Iterator[list[str]]:
         _DRIFT_EVENTS.reset(token)
 
 
+def open_drift_sink(events: list[str]) -> tuple[list[str], ...]:
+    """:func:`collect_drift_events` without the context manager: from here on, drift
+    events are also appended to ``events``; returns what to give
+    :func:`close_drift_sink` to undo it (the engine's per-episode path, where a
+    context manager's objects would live for the whole episode)."""
+    outer = _DRIFT_EVENTS.get()
+    _DRIFT_EVENTS.set((*outer, events))
+    return outer
+
+
+def close_drift_sink(outer: tuple[list[str], ...]) -> None:
+    """Undo the :func:`open_drift_sink` that returned ``outer``."""
+    _DRIFT_EVENTS.set(outer)
+
+
 def record_drift(detail: str) -> None:
     """Record a retokenization drift event found outside :func:`message_delta`
     (e.g. an OpenAI-compatible client asked to continue a conversation whose

@@ -31,7 +31,7 @@ import collections
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -359,8 +359,8 @@ class RolloutEngine:
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:
-            result = await self._episode_result(task)
-            result = replace(self._check_staleness(result), elapsed_s=trio.current_time() - start)
+            result = self._check_staleness(await self._episode_result(task))
+            object.__setattr__(result, "elapsed_s", trio.current_time() - start)  # a new record, not shared yet
             await self._buffer.put(result)  # backpressure: wait for room
         except BaseException as exc:
             if not is_cancellation(exc):
@@ -374,8 +374,8 @@ class RolloutEngine:
             raise
         self._ended(result, was_running=True)
 
-    async def _episode_result(self, task: _Task) -> EpisodeResult:
-        return await episode_result(self, task)
+    def _episode_result(self, task: _Task) -> Awaitable[EpisodeResult]:
+        return episode_result(self, task)  # the coroutine itself: no extra frame per episode
 
     def _check_staleness(self, result: EpisodeResult) -> EpisodeResult:
         return check_staleness(self, result)

@@ -106,6 +106,18 @@ def _per_episode(name: str, value: Any) -> torch.Tensor:
     raise TypeError(f"extra[{name!r}]: expected a bool, int, float or tensor, got {type(value).__name__}")
 
 
+_ONE = torch.Size([1])
+_NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)  # tensordict >= 0.5
+
+
+def _new_td(fields: dict[str, torch.Tensor]) -> TensorDict:
+    """``TensorDict(fields, batch_size=[1])`` for fields already checked to have batch size 1
+    (``_new_unsafe`` skips the per-field checks: ~4 us less per trajectory)."""
+    if _NEW_UNSAFE is not None:
+        return _NEW_UNSAFE(fields, batch_size=_ONE)
+    return TensorDict(fields, batch_size=_ONE)  # pragma: no cover - older tensordict
+
+
 def build_trajectory(segments: Iterable[Segment], reward: float, *, is_truncated: bool | None = None,
                      reward_is_fallback: bool | None = None,
                      extra: Mapping[str, Any] | None = None) -> TensorDict:
@@ -188,7 +200,7 @@ def build_trajectory(segments: Iterable[Segment], reward: float, *, is_truncated
         if name in fields:
             raise ValueError(f"extra[{name!r}] clashes with a built-in trajectory field")
         fields[name] = _per_episode(name, value)
-    return TensorDict(fields, batch_size=[1])
+    return _new_td(fields)
 
 
 def trajectory_from_response(resp: ModelResponse, reward: float, *, turn_id: int = 0,
@@ -203,5 +215,49 @@ def trajectory_from_response(resp: ModelResponse, reward: float, *, turn_id: int
         ValueError: ``output_logprobs`` or ``output_versions`` length differs from
             ``output_tokens``.
     """
-    return build_trajectory((Injected(resp.input_tokens), Sampled(resp, turn_id)), reward,
-                            reward_is_fallback=reward_is_fallback)
+    # The two-segment case of build_trajectory, written out (the common case: one per
+    # RLVR episode): the same checks, messages and tensors, without the segment objects.
+    n = resp.output_len
+    if len(resp.output_logprobs) != n or len(resp.output_versions) != n:
+        raise ValueError(
+            f"segments[1]: response has {n} output_tokens but {len(resp.output_logprobs)} "
+            f"output_logprobs and {len(resp.output_versions)} output_versions")
+    if isinstance(turn_id, bool) or not isinstance(turn_id, int) or turn_id < 0:
+        raise ValueError(f"segments[1]: turn_id must be an int >= 0, got {turn_id!r}")
+    p = len(resp.input_tokens)
+    t = p + n
+    if t == 0:
+        raise ValueError("a trajectory needs at least one token; the segments are empty")
+    ids = np.empty((1, t), np.int32)
+    ids[0, :p] = resp.input_tokens
+    logprobs = np.empty((1, t), np.float32)
+    logprobs[0, :p] = 0.0
+    versions = np.empty((1, t), np.int32)
+    versions[0, :p] = -1
+    loss_mask = np.empty((1, t), np.int32)
+    loss_mask[0, :p] = 0
+    turn_ids = np.empty((1, t), np.int32)
+    turn_ids[0, :p] = -1
+    if n:
+        ids[0, p:] = resp.output_tokens
+        logprobs[0, p:] = resp.output_logprobs
+        out_versions = resp.output_versions
+        if out_versions.count(out_versions[0]) == n:  # one version: no per-element conversion
+            versions[0, p:] = out_versions[0]
+        else:
+            versions[0, p:] = out_versions
+        loss_mask[0, p:] = 1
+        turn_ids[0, p:] = turn_id
+    fields = {
+        "input_ids": torch.from_numpy(ids),  # [1, T] int32
+        "loss_mask": torch.from_numpy(loss_mask),  # [1, T] int32: 1 on sampled tokens
+        "logprobs": torch.from_numpy(logprobs),  # [1, T] float32: 0.0 on injected tokens
+        "versions": torch.from_numpy(versions),  # [1, T] int32: -1 on injected tokens
+        "turn_ids": torch.from_numpy(turn_ids),  # [1, T] int32: -1 on injected tokens
+        "attention_mask": torch.ones(1, t, dtype=torch.bool),  # [1, T]
+        "rewards": torch.full((1,), float(reward), dtype=torch.float32),  # [1]
+        "is_truncated": torch.full((1,), resp.stop_reason == "length", dtype=torch.bool),  # [1]
+    }
+    if reward_is_fallback is not None:  # [1] bool: never a silent 0.0
+        fields["reward_is_fallback"] = torch.full((1,), bool(reward_is_fallback), dtype=torch.bool)
+    return _new_td(fields)

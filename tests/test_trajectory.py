@@ -99,3 +99,33 @@ def test_concat_pads_versions_and_turn_ids_with_minus_one():
     assert out["versions"].tolist()[0] == [-1, 0, -1, -1, -1]
     assert out["turn_ids"].tolist()[0] == [-1, 0, -7, -7, -7]
     assert out["attention_mask"].tolist()[0] == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize("prompt,out,versions,stop,fallback,turn", [
+    ([5, 6, 7], [8, 9], [3, 3], "stop", None, 0),
+    ([5], [8, 9, 10], [1, 2, 2], "length", True, 2),
+    ([], [8], [0], "abort", False, 0),
+    ([5, 6], [], [], "stop", None, 1),
+])
+def test_trajectory_from_response_is_build_trajectory_of_its_two_segments(prompt, out, versions, stop, fallback, turn):
+    resp = ModelResponse(input_tokens=prompt, output_tokens=out, output_logprobs=[-0.5] * len(out),
+                         output_versions=versions, stop_reason=stop)
+    fast = trajectory_from_response(resp, 0.25, turn_id=turn, reward_is_fallback=fallback)
+    slow = build_trajectory([Injected(prompt), Sampled(resp, turn)], 0.25, reward_is_fallback=fallback)
+    assert fast.batch_size == slow.batch_size and set(fast.keys()) == set(slow.keys())
+    for key in slow.keys():
+        assert fast[key].dtype == slow[key].dtype and torch.equal(fast[key], slow[key]), key
+
+
+def test_trajectory_from_response_checks_like_build_trajectory():
+    bad = ModelResponse(input_tokens=[1], output_tokens=[2, 3], output_logprobs=[-0.1], output_versions=[0, 0],
+                        stop_reason="stop")
+    with pytest.raises(ValueError, match="2 output_tokens but 1 output_logprobs"):
+        trajectory_from_response(bad, 1.0)
+    ok = ModelResponse(input_tokens=[1], output_tokens=[2], output_logprobs=[-0.1], output_versions=[0],
+                       stop_reason="stop")
+    with pytest.raises(ValueError, match="turn_id must be an int >= 0"):
+        trajectory_from_response(ok, 1.0, turn_id=-1)
+    with pytest.raises(ValueError, match="at least one token"):
+        trajectory_from_response(ModelResponse(input_tokens=[], output_tokens=[], output_logprobs=[],
+                                               output_versions=[], stop_reason="stop"), 1.0)

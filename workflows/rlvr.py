@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import collections
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from engine._encode import encode_prompt
 from engine.data import concat_padded_tensors
 from engine.episode_context import episode_id, sample_index
 from engine.imports import resolve_reward_fn
@@ -42,10 +43,7 @@ def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking:
     backend = rust_tokenizer(tokenizer)
     if backend is not None:  # what tokenize=True does, minus transformers' per-call overhead
         text = tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
-        fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.21: no offsets, ~20% less
-        if fast is not None:
-            return fast([text], add_special_tokens=False)[0].ids
-        return backend.encode(text, add_special_tokens=False).ids
+        return encode_prompt(backend, text)  # the pieces between special tokens, repeated ones cached
     ids = tokenizer.apply_chat_template(
         data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
     )
@@ -186,8 +184,12 @@ class RLVRWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: Any, data: dict[str, Any]):
         prompt = self._prompt(data)
         n = self.gconfig.n_samples
-        if n == 1:  # no child nursery, task or closure for the common case
-            return await self._one_sample(engine, data, prompt, 0)
+        if n == 1:  # no child nursery, task, closure or helper frame for the common case
+            resp = await engine.agenerate(self._request(prompt.ids, 0))
+            scoring = self._reward(engine, resp, data, prompt)
+            del prompt  # not kept alive while the reward runs (see engine._episode._member)
+            scored = await scoring
+            return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
         trajectories: list[Any] = [None] * n
 
         async def one_sample(i: int) -> None:
@@ -198,17 +200,27 @@ class RLVRWorkflow(RolloutWorkflow):
                 nursery.start_soon(one_sample, i)
         return concat_padded_tensors(trajectories)
 
-    async def _one_sample(self, engine: Any, data: dict[str, Any], prompt: _Prompt, i: int) -> Any:
+    def _request(self, prompt_ids: list[int], i: int) -> ModelRequest:
+        """Sample ``i``'s request: its seed (when ``gconfig.seed`` is set) and, inside an
+        episode, the engine's sticky routing key (``episode-<task id>``, what
+        ``agenerate`` would add; set here so that it does not copy the request)."""
         cfg = self._sample_cfg
+        task_id = episode_id.get()
         if cfg.seed is not None:
-            cfg = cfg.new(seed=derive_seed(cfg.seed, episode_id.get(), sample_index.get(), i))
-        resp = await engine.agenerate(ModelRequest(input_ids=prompt.ids, gconfig=cfg, tokenizer=self.tokenizer))
+            cfg = cfg.new(seed=derive_seed(cfg.seed, task_id, sample_index.get(), i))
+        metadata = {"routing_key": f"episode-{task_id}"} if task_id is not None else {}
+        return ModelRequest(input_ids=prompt_ids, gconfig=cfg, tokenizer=self.tokenizer, metadata=metadata)
+
+    async def _one_sample(self, engine: Any, data: dict[str, Any], prompt: _Prompt, i: int) -> Any:
+        resp = await engine.agenerate(self._request(prompt.ids, i))
         scored = await self._reward(engine, resp, data, prompt)
         return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
 
-    async def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any], prompt: Any) -> Any:
-        """Score one sample in the engine's reward pool -> ``rewards.RewardOutcome``
-        (``prompt``: the prompt's text, special tokens kept, or its cache entry)."""
+    def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any], prompt: Any) -> Awaitable[Any]:
+        """Score one sample in the engine's reward pool: an awaitable of its
+        ``rewards.RewardOutcome`` (the pool's own coroutine: no frame of ours stays
+        alive while the reward runs) (``prompt``: the prompt's text, special tokens
+        kept, or its cache entry)."""
         skip = self.gconfig.skip_special_tokens
         pool = engine.reward_pool
         if self._tokenizer_file is not None and getattr(pool, "accepts_token_text", False):  # decoded in the worker
@@ -222,4 +234,4 @@ class RLVRWorkflow(RolloutWorkflow):
                 if prompt.text is None:
                     prompt.text = _decode(self.tokenizer, resp.input_tokens, False)
                 prompt = prompt.text
-        return await pool.score(self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data)
+        return pool.score(self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data)

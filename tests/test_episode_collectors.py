@@ -1,0 +1,52 @@
+"""Each episode member collects its own reward outcomes and drift events (the engine sets the
+collectors without context managers, engine._episode._member) and leaves its task's context as
+it found it: an episode started from an ended one's task (the engine admits the successor there)
+sees only its own collectors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import EngineConfig, MockBackend, ModelRequest, ModelResponse, open_rollout_engine
+from engine.chat import _DRIFT_EVENTS, collect_drift_events, record_drift
+from engine.data import trajectory_from_response
+from engine.types import GenerationHyperparameters
+from rewards._outcome import _COLLECTOR
+from workflows import RolloutWorkflow
+
+torch.set_num_threads(1)
+
+
+async def _echo(req, budget):
+    return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[7, 8], output_logprobs=[-0.1, -0.2],
+                         output_versions=[0, 0], stop_reason="stop")
+
+
+class Probe(RolloutWorkflow):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, object]] = []
+
+    async def arun_episode(self, engine, data):
+        collector = _COLLECTOR.get()
+        self.seen.append((len(_DRIFT_EVENTS.get()), None if collector is None else len(collector)))
+        record_drift(f"probe {data}")
+        resp = await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GenerationHyperparameters(max_new_tokens=2)))
+        return trajectory_from_response(resp, 1.0)
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+async def test_each_member_sees_only_its_own_collectors(reward_pool, group_size):
+    probe = Probe()
+    config = EngineConfig(max_concurrent_rollouts=1)  # each successor starts from its predecessor's task
+    with collect_drift_events() as outer:  # the caller's own block sees every event too
+        async with open_rollout_engine(MockBackend(_echo), config, reward_pool=reward_pool) as engine:
+            batch = await engine.rollout_batch(list(range(6)), probe, group_size=group_size)
+            stats = engine.statistics()
+        assert len(_DRIFT_EVENTS.get()) == 1  # the caller's context is as it was
+    assert batch.batch_size[0] == 6 * group_size
+    # one sink of the caller's block, one of the member's; a fresh, empty outcome list each time
+    assert probe.seen == [(2, 0)] * (6 * group_size)
+    assert stats.retokenization_drifts == 6 * group_size
+    assert len(outer) == 6 * group_size
+    assert _COLLECTOR.get() is None and _DRIFT_EVENTS.get() == ()

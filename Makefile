@@ -45,6 +45,7 @@ TEST_ARGS ?= -m "not smollm2"
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(TEST_ARGS)
 
 test-smollm2: $(VENV)/.model

@@ -85,13 +85,14 @@ def engine_state(engine: Any) -> dict[str, Any]:
         "staleness_accepted": int(engine._staleness.accepted),
         "accounting": {
             "accepted": counts["accepted"], "rejected": counts["rejected"], "failed": counts["failed"],
-            "rejected_by_reason": {k: v for k, v in engine._rejected_by.items() if v},
-            "failed_by_reason": {k: v for k, v in engine._failed_by.items() if v},
+            "rejected_by_reason": {str(k): v for k, v in engine._rejected_by.items() if v},
+            "failed_by_reason": {str(k): v for k, v in engine._failed_by.items() if v},
             "generated_tokens": engine._generated_tokens, "segments_resumed": engine._segments_resumed,
             "reward_fallbacks": engine._reward_fallbacks,
         },
-        "results": [{"task_id": r.task_id, "status": r.status, "trajectory": _plain_trajectory(r.trajectory),
-                     "reason": r.reason, "error_type": r.error_type, "error_message": r.error_message,
+        # plain strings, not the status/reason enums: a checkpoint loads with torch.load(weights_only=True)
+        "results": [{"task_id": r.task_id, "status": str(r.status), "trajectory": _plain_trajectory(r.trajectory),
+                     "reason": None if r.reason is None else str(r.reason), "error_type": r.error_type, "error_message": r.error_message,
                      "member_errors": [list(m) for m in r.member_errors], "data": r.data, "elapsed_s": r.elapsed_s}
                     for r in engine._buffer.results()],
         "pending": [{"task_id": t.task_id, "data": t.data, "group_size": t.group_size} for t in pending],

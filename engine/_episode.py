@@ -16,9 +16,9 @@ import torch
 import trio
 from tensordict import TensorDict
 
-from rewards._outcome import _COLLECTOR  # rewards.collect_reward_outcomes' variable
+from rewards import swap_reward_outcome_collector
 
-from ._records import EpisodeResult, Task, failed_result, leaf_exception, raised_at, sample_index
+from ._records import EpisodeResult, EpisodeStatus, FailReason, RejectReason, Task, failed_result, leaf_exception, raised_at, sample_index
 from .chat import close_drift_sink, open_drift_sink
 from .data import concat_padded_tensors
 from .errors import failure_reason
@@ -59,27 +59,27 @@ async def episode_result(engine: Any, task: Task) -> EpisodeResult:
         if errors:
             exc = errors[0][1]
             if engine._closed and isinstance(exc, trio.ClosedResourceError):  # closing, not a workflow bug
-                return failed_result(task, exc, reason="cancelled")
+                return failed_result(task, exc, reason=FailReason.CANCELLED)
             return failed_result(task, exc)
-        return EpisodeResult(task.task_id, "rejected", reason="workflow_returned_none", data=task.data)
+        return EpisodeResult(task.task_id, EpisodeStatus.REJECTED, reason=RejectReason.WORKFLOW_RETURNED_NONE, data=task.data)
     complete = not errors and not rejected
     if not complete and engine.config.drop_incomplete_group:
-        return EpisodeResult(task.task_id, "rejected", reason="incomplete_group", data=task.data)
+        return EpisodeResult(task.task_id, EpisodeStatus.REJECTED, reason=RejectReason.INCOMPLETE_GROUP, data=task.data)
     if engine.config.reward_normalization and complete and None in interaction_rewards.values():
-        return EpisodeResult(task.task_id, "rejected", reason="missing_reward", data=task.data,
+        return EpisodeResult(task.task_id, EpisodeStatus.REJECTED, reason=RejectReason.MISSING_REWARD, data=task.data,
                              error_message="reward normalization: a sample's last interaction has no reward")
     try:
         traj = finish_group(engine, task, trajs, complete, interaction_rewards)
     except ValueError as exc:  # members with different key sets/dtypes
-        return failed_result(task, exc, reason="workflow_error")
-    member_errors = tuple((i, failure_reason(e), type(e).__name__, str(e)) for i, e in errors)
+        return failed_result(task, exc, reason=FailReason.WORKFLOW_ERROR)
+    member_errors = tuple((i, failure_reason(e).value, type(e).__name__, str(e)) for i, e in errors)
     if task.should_accept_fn is not None:
         reason, filter_exc = await run_filter(engine, task.should_accept_fn, traj)
         if reason is not None:
-            return EpisodeResult(task.task_id, "rejected", reason=reason, data=task.data,
+            return EpisodeResult(task.task_id, EpisodeStatus.REJECTED, reason=reason, data=task.data,
                                  error_type=type(filter_exc).__name__ if filter_exc else None,
                                  error_message=str(filter_exc) if filter_exc else None)
-    return EpisodeResult(task.task_id, "accepted", trajectory=traj, data=task.data, member_errors=member_errors)
+    return EpisodeResult(task.task_id, EpisodeStatus.ACCEPTED, trajectory=traj, data=task.data, member_errors=member_errors)
 
 async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
                   interaction_rewards: dict[int, float | None]) -> None:
@@ -95,9 +95,8 @@ async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
     sample_index.set(i)  # task-local: each member runs in its own task (or context)
     scored: list[Any] = []
     drifts: list[str] = []
-    outer_scored = _COLLECTOR.get()  # restored below by value: no Token object lives for the episode
+    outer_scored = swap_reward_outcome_collector(scored)  # restored below by value: no Token object lives
     outer_sinks = open_drift_sink(drifts)
-    _COLLECTOR.set(scored)
     try:
         out = await task.workflow.arun_episode(engine, task.data)
         if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
@@ -109,7 +108,7 @@ async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
         outcomes[i] = leaf_exception(exc)
     finally:
         close_drift_sink(outer_sinks)
-        _COLLECTOR.set(outer_scored)  # the successor task inherits this context: leave it as found
+        swap_reward_outcome_collector(outer_scored)  # the successor task inherits this context: leave it as found
     if scored:
         engine._reward_fallbacks += sum(o.is_fallback for o in scored)
     engine._retokenization_drifts += len(drifts)
@@ -149,10 +148,10 @@ async def run_filter(engine: Any, fn: Callable[..., Any], traj: TensorDict) -> t
             else:
                 ok = await trio.to_thread.run_sync(fn, traj, abandon_on_cancel=True)
         except Exception as exc:
-            return "filter_error", exc
+            return RejectReason.FILTER_ERROR, exc
     if scope.cancelled_caught:
-        return "filter_timeout", None
-    return (None, None) if ok else ("filtered", None)
+        return RejectReason.FILTER_TIMEOUT, None
+    return (None, None) if ok else (RejectReason.FILTERED, None)
 
 # -- staleness ----------------------------------------------------------------------------
 def is_stale(engine: Any, traj: TensorDict) -> torch.Tensor:
@@ -173,5 +172,5 @@ def check_staleness(engine: Any, result: EpisodeResult) -> EpisodeResult:
         traj["is_stale"] = stale
         return result
     if bool(stale.any()):
-        return replace(result, status="rejected", trajectory=None, reason="stale")
+        return replace(result, status=EpisodeStatus.REJECTED, trajectory=None, reason=RejectReason.STALE)
     return result

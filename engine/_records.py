@@ -14,13 +14,33 @@ from tensordict import TensorDict
 
 from .backends.base import BackendStatistics
 from .episode_context import episode_id, sample_index
-from .errors import failure_reason
+from .errors import FailReason, _Vocabulary, failure_reason
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["EngineStatistics", "EpisodeResult", "Task", "episode_id", "failed_result", "is_cancellation",
-           "leaf_exception", "raised_at", "sample_index"]
+__all__ = ["EngineStatistics", "EpisodeResult", "EpisodeStatus", "FailReason", "RejectReason", "Task", "episode_id",
+           "failed_result", "is_cancellation", "leaf_exception", "raised_at", "sample_index"]
+
+
+class EpisodeStatus(_Vocabulary):
+    """How an episode ended (``EpisodeResult.status``); compares equal to its string."""
+
+    ACCEPTED = "accepted"  #: its trajectory is in the result buffer (or was taken)
+    REJECTED = "rejected"  #: it ran, and its result was dropped for a :class:`RejectReason`
+    FAILED = "failed"  #: something raised or it was cancelled: a :class:`~engine.errors.FailReason`
+
+
+class RejectReason(_Vocabulary):
+    """Why an episode was rejected (``EpisodeResult.reason`` when ``status == "rejected"``)."""
+
+    WORKFLOW_RETURNED_NONE = "workflow_returned_none"  #: the workflow returned ``None`` (AReaL's "reject")
+    FILTERED = "filtered"  #: ``should_accept_fn`` returned false
+    FILTER_ERROR = "filter_error"  #: ``should_accept_fn`` raised
+    FILTER_TIMEOUT = "filter_timeout"  #: ``should_accept_fn`` ran past ``should_accept_timeout_s``
+    INCOMPLETE_GROUP = "incomplete_group"  #: fewer group members succeeded than ``min_group_size``
+    STALE = "stale"  #: past ``max_head_offpolicyness`` when it ended or while it waited in the buffer
+    MISSING_REWARD = "missing_reward"  #: interaction dicts without a reward (:mod:`engine.openai.interaction`)
 
 
 
@@ -30,15 +50,13 @@ class EpisodeResult:
 
     Attributes:
         task_id: the id ``submit`` returned.
-        status: ``"accepted"``, ``"rejected"`` or ``"failed"``.
+        status: an :class:`EpisodeStatus` (``"accepted"``, ``"rejected"`` or ``"failed"``).
         trajectory: when accepted, the trajectory TensorDict (batch ``[B]``: the
             rows of every accepted group member, by sample index, with
             ``group_id [B] int64`` and ``group_size [B] int32``); else ``None``.
-        reason: ``None`` when accepted.  Rejected: ``"workflow_returned_none"``,
-            ``"filtered"``, ``"filter_error"``, ``"filter_timeout"``,
-            ``"incomplete_group"``, ``"stale"``, ``"missing_reward"`` (reward
-            normalization of interaction dicts, :mod:`engine.openai.interaction`).  Failed: one of
-            :data:`engine.errors.FAILURE_REASONS` or ``"cancelled"``.
+        reason: ``None`` when accepted; a :class:`RejectReason` when rejected, a
+            :class:`~engine.errors.FailReason` when failed (both compare equal to
+            their strings, e.g. ``"stale"``, ``"reward_error"``, ``"cancelled"``).
         error_type, error_message: the original exception, when failed (or when
             a filter raised).
         member_errors: ``(sample_index, reason, error_type, error_message)`` for
@@ -129,5 +147,5 @@ def raised_at(exc: BaseException) -> str:
 
 
 def failed_result(task: Task, exc: BaseException, reason: str | None = None) -> EpisodeResult:
-    return EpisodeResult(task.task_id, "failed", reason=reason or failure_reason(exc),
+    return EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=reason or failure_reason(exc),
                          error_type=type(exc).__name__, error_message=str(exc), data=task.data)

@@ -9,6 +9,7 @@ holding the fields of :data:`TRAJECTORY_SCHEMA` (field set from AReaL
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import torch
 from tensordict import TensorDict
@@ -85,7 +86,7 @@ def concat_padded_tensors(tds: Sequence[TensorDict], pad_value: float = 0.0, *,
                 f"trajectory {i} has a different key set from trajectory 0: missing {missing}, extra {extra}"
             )
     out: dict[str, torch.Tensor] = {}
-    for key in sorted(keys):
+    for key in cast("list[str]", sorted(keys)):  # a trajectory's keys are plain strings
         tensors = [td.get(key) for td in tds]
         first = tensors[0]
         for i, t in enumerate(tensors):
@@ -95,6 +96,7 @@ def concat_padded_tensors(tds: Sequence[TensorDict], pad_value: float = 0.0, *,
                 raise ValueError(f"trajectory {i}: {key!r} has {t.dim()} dims, trajectory 0 has {first.dim()}")
         if first.dim() >= 2:
             target = [max(t.shape[d] for t in tensors) for d in range(1, first.dim())]
+            fill: float
             if key == "attention_mask":
                 fill = 0
             elif pad_values is not None and key in pad_values:

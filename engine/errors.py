@@ -22,6 +22,7 @@ message (see :class:`engine.executor.EpisodeResult`).
 
 from __future__ import annotations
 
+import enum
 import sys
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -33,6 +34,7 @@ __all__ = [
     "DatasetError",
     "EpisodeFailuresError",
     "FAILURE_REASONS",
+    "FailReason",
     "InvalidRequestError",
     "RewardError",
     "RolloutError",
@@ -92,21 +94,43 @@ class DataExhaustedError(RolloutError):
     no more items and every episode it fed has been returned."""
 
 
-#: Reasons an episode can fail with (``EpisodeResult.reason`` when status is "failed").
-FAILURE_REASONS = ("backend_error", "invalid_request", "reward_error", "session_abandoned", "workflow_error")
+class _Vocabulary(str, enum.Enum):
+    """A closed set of names that are also plain strings: ``FailReason.REWARD_ERROR ==
+    "reward_error"``, JSON writes the string, ``str()`` and f-strings give the value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
-def failure_reason(exc: BaseException) -> str:
+class FailReason(_Vocabulary):
+    """Why an episode failed (``EpisodeResult.reason`` when ``status == "failed"``)."""
+
+    BACKEND_ERROR = "backend_error"  #: :class:`BackendError` (the server, transport or response evidence)
+    INVALID_REQUEST = "invalid_request"  #: :class:`InvalidRequestError` (a malformed request)
+    REWARD_ERROR = "reward_error"  #: :class:`RewardError` (the reward failed and no fallback applied)
+    SESSION_ABANDONED = "session_abandoned"  #: :class:`SessionAbandonedError` (proxy sessions)
+    WORKFLOW_ERROR = "workflow_error"  #: anything else the workflow raised
+    CANCELLED = "cancelled"  #: the episode was cancelled or withdrawn (engine closing, breaker, rollout_batch)
+
+
+#: Reasons an episode can fail with because something raised (all but ``"cancelled"``).
+FAILURE_REASONS = tuple(r.value for r in FailReason if r is not FailReason.CANCELLED)
+
+
+def failure_reason(exc: BaseException) -> FailReason:
     """Map an exception raised inside an episode to its failure reason."""
     if isinstance(exc, RewardError):
-        return "reward_error"
+        return FailReason.REWARD_ERROR
     if isinstance(exc, BackendError):
-        return "backend_error"
+        return FailReason.BACKEND_ERROR
     if isinstance(exc, InvalidRequestError):
-        return "invalid_request"
+        return FailReason.INVALID_REQUEST
     if isinstance(exc, SessionAbandonedError):
-        return "session_abandoned"
-    return "workflow_error"
+        return FailReason.SESSION_ABANDONED
+    return FailReason.WORKFLOW_ERROR
 
 
 def unwrap_single(exc: BaseException) -> BaseException:

@@ -33,7 +33,6 @@ import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 import trio
@@ -41,16 +40,19 @@ from tensordict import TensorDict
 
 from ._gc import gc_tuned
 from ._breaker import FailureBreaker, FailureLog
-from .backends.base import InferenceBackend, WeightSync, validate_response
+from .backends.base import InferenceBackend, WeightSync
 from .buffer import ResultBuffer
 from .datastream import DataStream
-from .data import concat_padded_tensors
 from .dump import TrajectoryDumper
-from .errors import BackendError, DataExhaustedError, DatasetError, EpisodeFailuresError, unwrap_single
+from .errors import BackendError, EpisodeFailuresError, unwrap_single
 from ._config import EngineConfig
 from ._episode import check_staleness, episode_result
+from . import _batches
+from ._batches import why_waiting
 from ._feeder import Feeder, feeder_for, refill
-from ._records import EngineStatistics, EpisodeResult, Task as _Task, episode_id, is_cancellation, sample_index
+from ._generate import generate
+from ._lifecycle import open_engine
+from ._records import EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id, is_cancellation, sample_index
 from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
 
@@ -68,9 +70,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
-
-#: seconds a prepare_batch waits before it logs why it is still waiting (and again after each further interval)
-PATIENCE_S = 60.0
 
 
 
@@ -130,49 +129,7 @@ class RolloutEngine:
                 rules (:func:`engine.backends.base.validate_response`).
             trio.ClosedResourceError: the engine is closed.
         """
-        if self._closed:
-            if episode_id.get() is not None:  # an episode started as the engine closed: its nursery is
-                await trio.lowlevel.checkpoint()  # cancelled, so it ends as "cancelled", not failed
-            raise trio.ClosedResourceError("the rollout engine is closed")
-        budget = req.validate()
-        task_id = episode_id.get()
-        if task_id is not None and "routing_key" not in req.metadata:  # sticky routing per episode
-            req = replace(req, metadata={**req.metadata, "routing_key": f"episode-{task_id}"})
-        prompt = list(req.input_ids)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        start = trio.current_time()
-        ttft = None
-        while True:
-            if not self._unpaused.is_set():  # (no schedule point when not paused)
-                await self._unpaused.wait()
-            segment_req = req if not tokens else replace(
-                req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
-                gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))
-            resp = await self.backend.generate(segment_req, budget - len(tokens))
-            validate_response(resp, segment_req)
-            if ttft is None:
-                ttft = resp.ttft
-            tokens += resp.output_tokens
-            logprobs += resp.output_logprobs
-            versions += resp.output_versions
-            self._generated_tokens += resp.output_len
-            if len(tokens) > resp.output_len:
-                self._segments_resumed += 1
-            if len(tokens) > budget:
-                raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
-            stop_reason = resp.stop_reason
-            if stop_reason != "abort":
-                break
-            if len(tokens) == budget:
-                stop_reason = "length"
-                break
-        return ModelResponse(
-            input_tokens=prompt, output_tokens=tokens, output_logprobs=logprobs, output_versions=versions,
-            stop_reason=stop_reason, latency=trio.current_time() - start, ttft=ttft,
-            tokenizer=req.tokenizer, processor=req.processor,
-        )
+        return await generate(self, req)  # engine._generate
 
     # -- version, pause ------------------------------------------------------------
     @property
@@ -366,7 +323,7 @@ class RolloutEngine:
             if not is_cancellation(exc):
                 raise
             if result is None:  # unfinished work is cancelled; finished work is kept
-                result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+                result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
                                        error_message="the episode was cancelled", data=task.data,
                                        elapsed_s=trio.current_time() - start)
             self._buffer._put_now(result, ResultBuffer._rows(result))
@@ -404,17 +361,17 @@ class RolloutEngine:
             self._feeder.inflight.discard(result.task_id)
             self._refill()
         self._admit_now()  # here, not via the admission actor: the successor starts one run-queue pass sooner
-        if self._dumper is not None and result.status == "accepted":
+        if self._dumper is not None and result.status == EpisodeStatus.ACCEPTED:
             self._dumper.record(result, self.version)
 
     def _count_end(self, result: EpisodeResult, sign: int) -> None:
         self._counts[result.status] += sign
-        if result.status == "accepted":
+        if result.status == EpisodeStatus.ACCEPTED:
             self._staleness.accepted += sign
-        elif result.status == "rejected":
-            self._rejected_by[result.reason] += sign
+        elif result.status == EpisodeStatus.REJECTED:
+            self._rejected_by[result.reason or "unknown"] += sign
         else:
-            self._failed_by[result.reason] += sign
+            self._failed_by[result.reason or "unknown"] += sign
 
     def _reclassify(self, old: EpisodeResult, new: EpisodeResult) -> None:
         self._count_end(old, -1)
@@ -434,20 +391,7 @@ class RolloutEngine:
             raise TimeoutError(f"{what} within {timeout} s{self._why_waiting()}")
 
     def _why_waiting(self) -> str:
-        """Explain queued episodes that cannot start (for timeout messages)."""
-        queued, running = self._counts["queued"], self._counts["running"]
-        if not queued:
-            return (f"; {running} episodes are still running (the first results also wait for the model and "
-                    "the reward workers to start)") if running else ""
-        if self.paused:
-            return f"; {queued} episodes are queued because the engine is paused (call resume())"
-        if self._staleness.capacity(self.version) <= 0 and self._counts["running"] == 0:
-            eta, B = self.config.max_head_offpolicyness, self.config.consumer_batch_size
-            return (f"; {queued} episodes are queued and cannot start: the staleness bound "
-                    f"(max_head_offpolicyness={eta}, consumer_batch_size={B}, version={self.version}, "
-                    f"{self._staleness.accepted} accepted) allows no more until set_version() is called "
-                    "after a training step")
-        return f"; {queued} episodes are still queued"
+        return why_waiting(self)
 
     async def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
         """Wait until ``count`` episodes have ended (accepted or not) and take their
@@ -496,34 +440,7 @@ class RolloutEngine:
                 (``"cancelled"``), the running ones are waited for, then this raises.
             DatasetError: ``items`` is a dict or a string (e.g. a collated batch).
         """
-        if isinstance(items, (dict, str, bytes)):
-            raise DatasetError(f"rollout_batch: items must be an iterable of dataset items, got "
-                               f"{type(items).__name__} (a dict here is usually a collated batch: "
-                               "build the DataLoader with collate_fn=lambda rows: rows)")
-        if self._breaker.open and self._breaker.reported:
-            self._breaker.reset(watermark=self._next_id)
-        wf = self._resolve(workflow, workflow_kwargs)
-        ids = [self.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
-        trips = self._breaker.trips
-        pos = 0
-
-        def all_ended() -> bool:  # amortised O(len(ids)) over all wake-ups
-            nonlocal pos
-            while pos < len(ids) and ids[pos] in self._buffer:
-                pos += 1
-            return pos == len(ids)
-
-        def tripped() -> bool:
-            return self._breaker.trips > trips and self._breaker.open
-
-        await self._buffer.wait_until(lambda: all_ended() or tripped())
-        if not all_ended():
-            self._withdraw_queued(set(ids), "not started: the failure breaker opened")
-            await self._buffer.wait_until(all_ended)
-        results = self._take([self._buffer.pop(i) for i in ids])
-        if self._breaker.open and self._breaker.trips > trips:
-            self._raise_breaker("rollout_batch")
-        return concat_padded_tensors([r.trajectory for r in results if r.status == "accepted"])
+        return await _batches.rollout_batch(self, items, workflow, workflow_kwargs, should_accept_fn, group_size)
 
     async def prepare_batch(self, dataloader: Iterable[Any] | DataStream, workflow: Any,
                             workflow_kwargs: dict[str, Any] | None = None,
@@ -566,52 +483,8 @@ class RolloutEngine:
                 with the default collate, or is a different object than the one
                 the engine streams from.
         """
-        if self._closed:
-            raise trio.ClosedResourceError("the rollout engine is closed")
-        B = self.config.consumer_batch_size
-        if self._breaker.open and self._breaker.reported:  # called again after the error: submit again
-            self._breaker.reset(watermark=self._next_id)  # what is still in flight ran the old cause
-        feeder = self._feeder_for(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
-
-        def ready() -> bool:
-            return (len(self._buffer) if dynamic_bs else self._buffer.accepted_results) >= B
-
-        def drained() -> bool:  # a one-pass dataloader ran out and all its episodes ended
-            return feeder.stream.exhausted and not feeder.inflight
-
-        def stop_waiting() -> bool:
-            return ready() or self._breaker.open or feeder.error is not None or drained()
-
-        self._refill()
-        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
-        while not stop_waiting() and trio.current_time() < deadline:
-            with trio.move_on_at(min(deadline, trio.current_time() + PATIENCE_S)):
-                await self._buffer.wait_until(stop_waiting)
-            if not stop_waiting() and trio.current_time() < deadline:  # a long wait says why, once per PATIENCE_S
-                logger.warning("prepare_batch has waited %.0f s for %d %s results%s%s", PATIENCE_S, B,
-                               "ended" if dynamic_bs else "accepted", self._why_waiting(),
-                               self._breaker.recent_failures())
-        self._raise_feeder_error(feeder)
-        if not ready():
-            if self._breaker.open:
-                self._raise_breaker("prepare_batch")
-            if drained():
-                if not len(self._buffer) or (not dynamic_bs and not self._buffer.accepted_results):
-                    raise DataExhaustedError(
-                        f"prepare_batch: the one-pass dataloader is exhausted after {feeder.stream.items_taken} "
-                        "items and every episode it fed has been returned")
-                taken = self._take([self._buffer.pop_oldest() for _ in range(len(self._buffer))])
-                return concat_padded_tensors([r.trajectory for r in taken if r.status == "accepted"])
-            raise TimeoutError(f"prepare_batch: fewer than {B} {'ended' if dynamic_bs else 'accepted'} results "
-                               f"within {timeout} s{self._why_waiting()}{self._breaker.recent_failures()}")
-        taken: list[EpisodeResult] = []
-        accepted = 0
-        while (len(taken) < B) if dynamic_bs else (accepted < B):
-            taken.append(self._buffer.pop_oldest())
-            accepted += taken[-1].status == "accepted"
-        self._take(taken)
-        self._refill()  # top the pipeline back up at once: the next batch generates while the trainer trains
-        return concat_padded_tensors([r.trajectory for r in taken if r.status == "accepted"])
+        return await _batches.prepare_batch(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size,
+                                   dynamic_bs, timeout)
 
     @property
     def data_stream(self) -> DataStream | None:
@@ -637,6 +510,7 @@ class RolloutEngine:
 
     def _raise_breaker(self, where: str) -> None:
         trip = self._breaker.trip
+        assert trip is not None  # called only while the breaker is open
         self._breaker.reported = True  # stays open: nothing is submitted until the caller calls again
         raise EpisodeFailuresError(
             f"{where}: stopped submitting: {trip.describe()}; fix the cause and call {where} again", trip)
@@ -662,12 +536,12 @@ class RolloutEngine:
     def _withdraw_queued(self, task_ids: set[int], why: str) -> None:
         """End the queued (not yet started) episodes among ``task_ids`` as failed (``"cancelled"``)."""
         keep: collections.deque[_Task] = collections.deque()
-        withdrawn = []
+        withdrawn: list[_Task] = []
         for task in self._queue:
             (withdrawn if task.task_id in task_ids else keep).append(task)
         self._queue = keep
         for task in withdrawn:
-            result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+            result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
                                    error_message=why, data=task.data)
             self._buffer._put_now(result, 0)
             self._ended(result, was_running=False)
@@ -677,7 +551,7 @@ class RolloutEngine:
         self._closed = True
         while self._queue:
             task = self._queue.popleft()
-            result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+            result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
                                    error_message="the engine closed before the episode started", data=task.data)
             self._buffer._put_now(result, 0)
             self._ended(result, was_running=False)
@@ -709,7 +583,7 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
     try:
         with gc_tuned(config.gc_tuning):
-            async with _open_engine(backend, config, reward_pool, dumper) as engine:
+            async with open_engine(RolloutEngine, backend, config, reward_pool, dumper) as engine:
                 yield engine
     except BaseExceptionGroup as group:
         single = unwrap_single(group)
@@ -718,42 +592,3 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
     else:
         return
     raise single  # outside the handler: its own __cause__/__context__ stay as they were
-
-
-@asynccontextmanager
-async def _open_engine(backend: InferenceBackend, config: EngineConfig, reward_pool: Any,
-                       dumper: TrajectoryDumper | None) -> AsyncIterator[RolloutEngine]:
-    from rewards import open_reward_pool
-
-    async with _maybe_pool(reward_pool, config, open_reward_pool) as pool:
-        async with trio.open_nursery() as services:
-            if dumper is not None:
-                await services.start(dumper.run)
-            try:
-                async with backend.open(), trio.open_nursery() as nursery:  # episodes end before the backend
-                    engine = RolloutEngine(nursery, backend, pool, config, dumper)
-                    nursery.start_soon(engine._admit_forever, name="admission")
-                    try:
-                        yield engine
-                    finally:
-                        engine._close()
-                        nursery.cancel_scope.cancel()
-            finally:
-                if dumper is not None:
-                    dumper.close()  # the writer drains what is queued, then returns
-                with trio.CancelScope(shield=True):
-                    await backend.aclose()
-
-
-@asynccontextmanager
-async def _maybe_pool(pool: Any, config: EngineConfig, opener: Any) -> AsyncIterator[Any]:
-    if pool is not None:
-        yield pool
-        return
-    backend_options: dict[str, Any] = {}
-    if config.reward_backend == "ray":  # Ray actors instead of local worker processes
-        from rewards._ray_pool import open_ray_reward_pool as opener
-
-        backend_options = {"address": config.reward_ray_address}
-    async with opener(config.reward_options, **backend_options) as opened:
-        yield opened

@@ -11,7 +11,7 @@ trio-parallel or the engine.  Nothing here imports torch or transformers.
   :func:`current_reward_pool`,
   :func:`collect_reward_outcomes` (per-episode fallback flag).
 - :class:`RewardActor`: ``setup()`` once per worker process, then calls.
-- ``rewards._ray_pool.open_ray_reward_pool``: the same pool with Ray actors as
+- :func:`open_ray_reward_pool`: the same pool with Ray actors as
   workers (``EngineConfig(reward_backend="ray")``; the ``ray`` extra).
 - :class:`AsyncRewardWrapper`: AReaL's awaitable wrapper on our pool.
 - :class:`TokenText` / :func:`tokenizer_file`: text sent as token ids and decoded
@@ -42,7 +42,9 @@ __all__ = [
     "format_reward",
     "gsm8k_reward",
     "math_reward",
+    "open_ray_reward_pool",
     "open_reward_pool",
+    "swap_reward_outcome_collector",
     "tokenizer_file",
     "weighted_sum",
 ]
@@ -57,12 +59,14 @@ _LAZY = {
     "TokenText": "rewards._worker",
     "code_reward": "rewards.code",
     "collect_reward_outcomes": "rewards._context",
+    "swap_reward_outcome_collector": "rewards._context",
     "current_reward_pool": "rewards._pool",
     "exact_match_reward": "rewards.exact_match",
     "extract_answer": "rewards.gsm8k",
     "format_reward": "rewards.format",
     "gsm8k_reward": "rewards.gsm8k",
     "math_reward": "rewards.math",
+    "open_ray_reward_pool": "rewards._ray_pool",
     "open_reward_pool": "rewards._pool",
     "tokenizer_file": "rewards._text",
     "weighted_sum": "rewards.format",
@@ -70,7 +74,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ._actor import RewardActor
-    from ._context import collect_reward_outcomes
+    from ._context import collect_reward_outcomes, swap_reward_outcome_collector
     from ._options import RewardPoolOptions
     from ._pool import RewardPool, current_reward_pool, open_reward_pool
     from ._stats import RewardOutcome, RewardPoolStatistics

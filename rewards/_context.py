@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from ._stats import RewardOutcome
 
-__all__ = ["collect_reward_outcomes", "pool_in_context", "record_outcome", "using_pool"]
+__all__ = ["collect_reward_outcomes", "pool_in_context", "record_outcome", "swap_reward_outcome_collector", "using_pool"]
 
 _CURRENT_POOL: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "trio_rollout_reward_pool", default=None
@@ -51,6 +51,18 @@ def record_outcome(outcome: RewardOutcome) -> None:
     collector = _COLLECTOR.get()
     if collector is not None:
         collector.append(outcome)
+
+
+def swap_reward_outcome_collector(outcomes: list[RewardOutcome] | None) -> list[RewardOutcome] | None:
+    """Make ``outcomes`` this context's collector (``None``: none) and return the previous one.
+
+    The allocation-free form of :func:`collect_reward_outcomes` for a hot loop (the
+    engine's episodes): no context manager or ``Token`` object lives for the block;
+    the caller restores the previous collector by value with a second call.
+    """
+    previous = _COLLECTOR.get()
+    _COLLECTOR.set(outcomes)
+    return previous
 
 
 @contextmanager

@@ -1,0 +1,65 @@
+"""One generation, segment by segment: the loop behind :meth:`RolloutEngine.agenerate`
+(its docstring has the contract).  Each segment waits while the engine is paused, is one
+``await backend.generate(request, budget)``, and is checked against the evidence rules;
+an aborted segment is resumed with prompt + partial output (AReaL PR #1569)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from ._records import episode_id
+from .backends.base import validate_response
+from .errors import BackendError
+from .types import ModelRequest, ModelResponse
+
+# ``engine`` parameters are a RolloutEngine, typed loosely: these modules sit below engine.executor
+__all__ = ["generate"]
+
+
+async def generate(engine: Any, req: ModelRequest) -> ModelResponse:
+    if engine._closed:
+        if episode_id.get() is not None:  # an episode started as the engine closed: its nursery is
+            await trio.lowlevel.checkpoint()  # cancelled, so it ends as "cancelled", not failed
+        raise trio.ClosedResourceError("the rollout engine is closed")
+    budget = req.validate()
+    task_id = episode_id.get()
+    if task_id is not None and "routing_key" not in req.metadata:  # sticky routing per episode
+        req = replace(req, metadata={**req.metadata, "routing_key": f"episode-{task_id}"})
+    prompt = list(req.input_ids)
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    start = trio.current_time()
+    ttft = None
+    while True:
+        if not engine._unpaused.is_set():  # (no schedule point when not paused)
+            await engine._unpaused.wait()
+        segment_req = req if not tokens else replace(
+            req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
+            gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))
+        resp = await engine.backend.generate(segment_req, budget - len(tokens))
+        validate_response(resp, segment_req)
+        if ttft is None:
+            ttft = resp.ttft
+        tokens += resp.output_tokens
+        logprobs += resp.output_logprobs
+        versions += resp.output_versions
+        engine._generated_tokens += resp.output_len
+        if len(tokens) > resp.output_len:
+            engine._segments_resumed += 1
+        if len(tokens) > budget:
+            raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
+        stop_reason = resp.stop_reason
+        if stop_reason != "abort":
+            break
+        if len(tokens) == budget:
+            stop_reason = "length"
+            break
+    return ModelResponse(
+        input_tokens=prompt, output_tokens=tokens, output_logprobs=logprobs, output_versions=versions,
+        stop_reason=stop_reason, latency=trio.current_time() - start, ttft=ttft,
+        tokenizer=req.tokenizer, processor=req.processor,
+    )

@@ -44,6 +44,7 @@ __all__ = [
     "math_reward",
     "open_ray_reward_pool",
     "open_reward_pool",
+    "rust_tokenizer",
     "swap_reward_outcome_collector",
     "tokenizer_file",
     "weighted_sum",
@@ -68,6 +69,7 @@ _LAZY = {
     "math_reward": "rewards.math",
     "open_ray_reward_pool": "rewards._ray_pool",
     "open_reward_pool": "rewards._pool",
+    "rust_tokenizer": "rewards._text",
     "tokenizer_file": "rewards._text",
     "weighted_sum": "rewards.format",
 }
@@ -78,7 +80,7 @@ if TYPE_CHECKING:
     from ._options import RewardPoolOptions
     from ._pool import RewardPool, current_reward_pool, open_reward_pool
     from ._stats import RewardOutcome, RewardPoolStatistics
-    from ._text import tokenizer_file
+    from ._text import rust_tokenizer, tokenizer_file
     from ._worker import TokenText
     from ._wrapper import AsyncRewardWrapper
     from .code import code_reward
@@ -88,6 +90,6 @@ if TYPE_CHECKING:
     from .math import math_reward
 
 
-from engine._lazy import lazy_exports  # noqa: E402
+from engine.lazy import lazy_exports  # noqa: E402
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -21,6 +21,6 @@ _LAZY = {
 }
 
 
-from engine._lazy import lazy_exports  # noqa: E402
+from engine.lazy import lazy_exports  # noqa: E402
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -22,14 +22,13 @@ from typing import Any
 
 import trio
 
-from engine._encode import encode_prompt
+from engine.encode import encode_prompt
 from engine.data import concat_padded_tensors
 from engine.episode_context import episode_id, sample_index
 from engine.imports import resolve_reward_fn
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
-from rewards._text import rust_tokenizer, tokenizer_file
-from rewards._worker import TokenText
+from rewards import TokenText, rust_tokenizer, tokenizer_file
 
 from .base import RolloutWorkflow
 

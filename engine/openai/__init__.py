@@ -46,6 +46,6 @@ _LAZY = {
 }
 
 
-from .._lazy import lazy_exports  # noqa: E402
+from ..lazy import lazy_exports  # noqa: E402
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)

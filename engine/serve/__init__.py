@@ -80,6 +80,6 @@ _LAZY = {
     **{name: "engine.serve._server" for name in ("ServeConfig", "add_serve_parser", "main", "run_serve", "serve")},
 }
 
-from .._lazy import lazy_exports  # noqa: E402
+from ..lazy import lazy_exports  # noqa: E402
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)

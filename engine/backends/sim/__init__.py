@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._lazy import lazy_exports
+from ...lazy import lazy_exports
 
 __all__ = [
     "POOL_SIZE",

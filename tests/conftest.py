@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# Tiers: unit/ (in-process), contract/ (fake and real servers, worker processes, Ray),
+# conformance/ (one backend contract over every backend), e2e/ (the CLI, real models,
+# signals).  fixtures/ holds the importable helpers (fake servers, reward functions
+# that worker processes import by name): on sys.path for every tier, and inherited by
+# spawned worker processes.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -107,7 +107,7 @@ def test_the_areal_peer_imports_without_trio_or_torch():
             "from engine.backends.sim import SimConfig, draw\n"
             "assert 'engine.backends.sim._backend' not in sys.modules\n"
             "print('ok')\n")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
@@ -223,7 +223,7 @@ def test_phase_probe_times_nested_phases_and_restores_the_methods(tmp_path, caps
     from engine.executor import RolloutEngine
     from workflows.rlvr import RLVRWorkflow
 
-    spec = importlib.util.spec_from_file_location("bench_phases", Path(__file__).parent.parent / "benchmarks" / "bench_phases.py")
+    spec = importlib.util.spec_from_file_location("bench_phases", Path(__file__).resolve().parents[2] / "benchmarks" / "bench_phases.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     before = (RolloutEngine.agenerate, RLVRWorkflow.arun_episode)

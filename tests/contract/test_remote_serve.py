@@ -31,7 +31,7 @@ from workflows import RolloutWorkflow
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [3, 10, 20, 30, 40, 50]
 
 

@@ -17,7 +17,7 @@ def _gsm8k() -> str:
     """GSM8K test split from the workplace's shared data (next to the checkout)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for candidate in (root.parent / "shared", Path("/work/shared")):
         path = candidate / "data" / "gsm8k" / "test.jsonl"
         if path.is_file():

@@ -27,7 +27,7 @@ from engine.testing import build_tiny_model
 from engine.types import GenerationHyperparameters as G
 from test_remote_serve import PROMPT, OneShot, ServeProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("TRIO_ROLLOUT_ROUTER_VENV", ROOT / ".venv-router"))
 
 

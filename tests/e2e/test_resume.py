@@ -22,7 +22,7 @@ import pytest
 
 from engine.outputs import load_rollouts, load_trajectories
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N_SAMPLES = 2
 SHARD = 4
 

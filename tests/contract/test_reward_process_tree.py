@@ -126,7 +126,7 @@ async def test_the_tree_dies_when_the_engine_process_is_killed(child):
     import subprocess
     from pathlib import Path
 
-    paths = [str(Path(fx.__file__).parent), str(Path(__file__).resolve().parents[1])]
+    paths = [str(Path(fx.__file__).parent), str(Path(__file__).resolve().parents[2])]
     engine = subprocess.Popen([sys.executable, "-c", _ENGINE.format(paths=paths, fifo=child.fifo)])
     try:
         with trio.fail_after(120):  # a cold interpreter and a spawned worker on a busy machine

@@ -15,7 +15,7 @@ import trio
 
 from engine._signals import Interrupt, watch_signals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_the_first_signal_cancels_the_scope_and_the_second_is_handed_on():

@@ -12,7 +12,7 @@ from engine import EngineConfig, MockBackend, ModelRequest, ModelResponse, open_
 from engine.chat import _DRIFT_EVENTS, collect_drift_events, record_drift
 from engine.data import trajectory_from_response
 from engine.types import GenerationHyperparameters
-from rewards._outcome import _COLLECTOR
+from rewards._context import _COLLECTOR
 from workflows import RolloutWorkflow
 
 torch.set_num_threads(1)

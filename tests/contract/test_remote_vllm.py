@@ -34,7 +34,7 @@ from engine.backends.remote import WORKER_EXTENSION, make_remote_backend, vllm_w
 from engine.backends.vllm import vllm_abort_id
 from engine.types import GenerationHyperparameters as G
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
 TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
 

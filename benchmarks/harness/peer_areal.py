@@ -13,7 +13,7 @@ checkout on its ``PYTHONPATH``.  So this module imports, at the top, only the
 standard library and modules that import nothing else: the harness's config,
 workload and meter, and ``engine.backends.sim``'s ``SimConfig`` and draws, whose
 package exports its names lazily (as ``engine`` does), so that importing them
-loads neither trio nor the sim's backend (``tests/test_bench.py`` checks this
+loads neither trio nor the sim's backend (``tests/e2e/test_bench.py`` checks this
 with trio and torch made unimportable).  AReaL, torch and transformers are
 imported inside :func:`areal_side`.
 """

@@ -1,7 +1,7 @@
 """Conformance tier: one ``agenerate`` contract, run over every backend.
 
 Backends: ``mock`` (MockBackend), ``sim``, ``hf-static``, ``hf-continuous`` (the tiny random
-Llama of ``engine.testing``), ``fake-sglang`` and ``fake-vllm`` (``tests/fake_servers.py``
+Llama of ``engine.testing``), ``fake-sglang`` and ``fake-vllm`` (``tests/fixtures/fake_servers.py``
 behind ``httpx.MockTransport``), and ``serve`` (``rollout serve``'s app, in-process, on a real
 socket on 127.0.0.1, reached by the ``sglang`` client).  Each test checks, per backend:
 

@@ -1,5 +1,5 @@
 """Contract tier: fault injection against small fake servers on real sockets on 127.0.0.1
-(the fakes of ``tests/fake_servers.py`` served by ``engine.serve.serve_http``, trio-native).
+(the fakes of ``tests/fixtures/fake_servers.py`` served by ``engine.serve.serve_http``, trio-native).
 
 Each fault is retried, failed over, or failed with a clear error, and none hangs the run.
 Real time (real sockets): short timeouts and backoff, every test bounded by ``trio.fail_after``.

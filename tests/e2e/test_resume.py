@@ -1,7 +1,7 @@
 """End-to-end tier: interrupted and resumed ``rollout run`` (real processes, real
 signals, the sim backend, real reward worker processes).
 
-Runs are children of a fork server (``tests/forkserver.py``: torch is imported
+Runs are children of a fork server (``tests/fixtures/forkserver.py``: torch is imported
 once, so a run starts in well under a second) and are interrupted at points drawn
 from a seeded RNG, synchronised on output progress (the journal's segment line,
 then the k-th new row of ``rollouts.jsonl``), never on fixed sleeps.
@@ -32,7 +32,7 @@ class ForkServer:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "OMP_NUM_THREADS": "1"}
         self.logs = logs
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forkserver.py")], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fixtures" / "forkserver.py")], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert json.loads(self.proc.stdout.readline()) == {"ready": True}
         self.n = 0

@@ -4,7 +4,7 @@ Tier: contract: real spawn worker processes (trio-parallel).  Worker timeouts ar
 real (short) time, never ``autojump_clock`` (the virtual clock jumps while a real
 process works); the in-process ``async def`` reward tests do use virtual time.
 Synchronisation with a running worker goes through a named pipe, never a sleep.
-Worker-side functions live in ``tests/reward_fixtures.py``.
+Worker-side functions live in ``tests/fixtures/reward_fixtures.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ timeouts; the in-process ``async def`` tests use ``autojump_clock`` (no process
 involved there).  Synchronisation with a running worker goes through a named
 pipe, never a sleep; the only real-time loop waits (with a deadline) for the OS
 to reap processes after the pool closed.  Worker-side code lives in
-``tests/reward_fixtures.py``.
+``tests/fixtures/reward_fixtures.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Also speaks to ``rollout serve`` (:mod:`engine.serve`) and, as one server, to an
 sglang-router / SGLang Model Gateway URL.  Verified with ``sglang-router`` 0.3.2 in front of
-``rollout serve`` (``tests/test_remote_router.py``): ``/generate`` and ``/health`` (a plain
+``rollout serve`` (``tests/contract/test_remote_router.py``): ``/generate`` and ``/health`` (a plain
 ``OK``) pass, a client disconnect stops the worker, but ``/abort_request``,
 ``/pause_generation`` and ``/continue_generation`` answer 404 -- send control calls to the
 workers (``servers=await backend.router_workers()``, from the router's ``GET /workers``).

@@ -39,3 +39,32 @@ def sim(latency_s: float = 0.0, **overrides):
 
     return SimBackend(SimConfig(vocab_size=64, eos_token_id=0, first_token_id=1, prefill_s=latency_s,
                                 per_token_s=0.0, out_len_median=3, out_len_sigma=0.0, **overrides))
+
+
+class Poison(Echo):
+    """Echo, but an item with ``"poison": True`` SIGKILLs the shard process running it."""
+
+    async def arun_episode(self, engine, data):
+        if data.get("poison"):
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await super().arun_episode(engine, data)
+
+
+def invariant(s) -> None:
+    assert s.submitted == s.queued + s.running + s.accepted + s.rejected + s.failed, s
+
+
+def assert_global_bound(log, C: int, B: int, eta: int | None) -> bool:
+    """Every admission kept sum(running) <= C and sum(running) + accepted <= (eta + v + 1) * B
+    (AReaL's capacity over the sum of the shards); True if some admission reached a bound."""
+    tight = False
+    for rec in log:
+        running = sum(rec.running)
+        assert running <= C, rec
+        tight |= running == C
+        if eta is not None:
+            assert running + rec.accepted <= (eta + rec.version + 1) * B, rec
+            tight |= running + rec.accepted == (eta + rec.version + 1) * B
+    return tight

@@ -404,10 +404,9 @@ class ShardedRolloutEngine(RolloutEngine):
             nursery.cancel_scope.cancel()
         if self._closed:
             return
-        if why is None:
-            with trio.CancelScope(shield=True):
-                why = await shard.link.exit_reason()
-        self._on_shard_death(shard, why)
+        with trio.CancelScope(shield=True):
+            reason = await shard.link.exit_reason()
+        self._on_shard_death(shard, reason if why is None else f"{reason}; {why}")
 
     async def _send_forever(self, shard: _Shard) -> None:
         while True:

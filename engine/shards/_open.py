@@ -25,7 +25,7 @@ __all__ = ["SHARD_BACKENDS", "open_sharded_engine"]
 
 logger = logging.getLogger(f"rollout.{__name__}")
 
-SHARD_BACKENDS = ("process", "ray")
+SHARD_BACKENDS = ("process", "ray", "inline")
 
 
 @asynccontextmanager
@@ -51,8 +51,9 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             callable that builds one in the shard (e.g. ``functools.partial(HFBackend,
             path, tok)``: one model per shard).
         shards: number of engine shards (>= 1).
-        shard_backend: ``"process"`` (local processes talking over pipes; the default)
-            or ``"ray"`` (Ray actors; the default when ``ray_address`` is given).
+        shard_backend: ``"process"`` (local processes talking over pipes; the default),
+            ``"ray"`` (Ray actors; the default when ``ray_address`` is given), or
+            ``"inline"`` (in this trio loop, no parallelism: tests and debugging).
         ray_address: the Ray cluster of ``shard_backend="ray"``; None: the Ray this
             process has initialised, else a local one (``ray.init()``).
         tokenizer: used only to decode text in trajectory dumps.
@@ -108,7 +109,7 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
         if dumper is not None:
             await services.start(dumper.run)
         try:
-            shards = await _start_all(init, options)
+            shards = await _start_all(init, options, services)
             try:
                 async with trio.open_nursery() as nursery:
                     engine = ShardedRolloutEngine(nursery, shards, init["config"], dumper=dumper,
@@ -130,7 +131,7 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
                 dumper.close()
 
 
-async def _start_all(init: dict[str, Any], options: dict[str, Any]) -> list[_Shard]:
+async def _start_all(init: dict[str, Any], options: dict[str, Any], services: trio.Nursery) -> list[_Shard]:
     """Start every shard concurrently; if one fails, stop the others and raise."""
     links: list[Any] = [None] * options["shards"]
     ray_context = None
@@ -142,6 +143,10 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any]) -> list[_Sha
     async def start(index: int) -> None:
         if ray_context is not None:
             link = await ray_context.start(index)
+        elif options["kind"] == "inline":
+            from ._inline import start_inline_shard
+
+            link = await start_inline_shard(index, services)
         else:
             from ._local import start_local_shard
 

@@ -204,3 +204,30 @@ async def test_every_shard_process_dying_raises_naming_them():
     s = engine.statistics()
     invariant(s)
     assert s.failed_by_reason.get("shard_died", 0) >= 1 and s.running == s.queued == 0
+
+
+@pytest.mark.slow
+def test_rollout_run_shards_2_writes_every_item_once(tmp_path, capsys):
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["run", "--backend", "sim", "--dataset", "builtin:arith:30",
+                                 "--n-samples", "1", "--group-size", "2", "--consumer-batch-size", "4",
+                                 "--max-head-offpolicyness", "1", "--max-new-tokens", "8", "--shards", "2",
+                                 "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["submitted"], summary["accepted"] + summary["rejected"], summary["failed"]) == (30, 30, 0)
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * summary["accepted"]  # group of 2 per accepted episode
+    assert summary["final_version"] >= summary["accepted"] // 4
+
+
+def test_rollout_run_shards_refuses_the_hf_backend(tmp_path, capsys):
+    from conftest import run_cli
+
+    code, _, err = run_cli(["run", "--backend", "hf", "--shards", "2", "--quiet", "--out", str(tmp_path / "o")],
+                           capsys)
+    assert code == 2 and "--shards: --backend hf" in err

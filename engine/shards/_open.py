@@ -138,7 +138,8 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any], services: tr
     if options["kind"] == "ray":
         from ._ray_shard import RayShards
 
-        ray_context = await RayShards.connect(options["ray_address"], options["shards"], options["ray_num_cpus"])
+        ray_context = await RayShards.connect(options["ray_address"], options["shards"], options["ray_num_cpus"],
+                                              options["start_timeout_s"])
 
     async def start(index: int) -> None:
         if ray_context is not None:

@@ -82,7 +82,8 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
             for r in results:
                 counts[r.status] += 1
                 if r.status == "failed":
-                    failed_by[r.reason] = failed_by.get(r.reason, 0) + 1
+                    reason = r.reason or "unknown"
+                    failed_by[reason] = failed_by.get(reason, 0) + 1
                 elif r.trajectory is not None:
                     traj = r.trajectory
                     reward_sum += float(traj["rewards"].sum())

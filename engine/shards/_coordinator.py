@@ -144,7 +144,7 @@ def merge_statistics(snapshots: list[Any]) -> Any:
     """Sum the int/float fields of same-typed dataclass snapshots (peaks are summed
     too: an upper bound); other fields come from the first."""
     first = snapshots[0]
-    if not is_dataclass(first) or any(type(s) is not type(first) for s in snapshots):
+    if not is_dataclass(first) or isinstance(first, type) or any(type(s) is not type(first) for s in snapshots):
         return first
     merged = {}
     for f in fields(first):

@@ -142,6 +142,7 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any], services: tr
                                               options["start_timeout_s"])
 
     async def start(index: int) -> None:
+        link: Any
         if ray_context is not None:
             link = await ray_context.start(index)
         elif options["kind"] == "inline":

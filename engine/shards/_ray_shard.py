@@ -88,7 +88,7 @@ class _ShardActor:
             first = self._out.get(timeout=wait_s)
         except queue.Empty:
             return []
-        frames = []
+        frames: list[bytes] = []
         item: bytes | None = first
         while True:
             if item is None:

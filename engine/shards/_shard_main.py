@@ -121,7 +121,7 @@ async def run_shard(channel: Channel) -> None:
                 elif method == "statistics":
                     value = engine.statistics()
                 elif method == "backend_records":
-                    value = [tuple(asdict(r).values()) if is_dataclass(r) else r
+                    value = [tuple(asdict(r).values()) if is_dataclass(r) and not isinstance(r, type) else r
                              for r in getattr(engine.backend, "requests", [])]
                 else:
                     raise ValueError(f"unknown shard call {method!r}")

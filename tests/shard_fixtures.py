@@ -68,3 +68,32 @@ def assert_global_bound(log, C: int, B: int, eta: int | None) -> bool:
             assert running + rec.accepted <= (eta + rec.version + 1) * B, rec
             tight |= running + rec.accepted == (eta + rec.version + 1) * B
     return tight
+
+
+def weight_sync_sim(latency_s: float = 0.0):
+    """A SimBackend that implements WeightSync (pause, resume, update_weights: a no-op load)."""
+    return _SyncSim(sim(latency_s).config)
+
+
+def _sync_sim_class():
+    from engine import SimBackend
+
+    class SyncSim(SimBackend):
+        loaded: list = []
+
+        async def pause(self, mode: str = "abort") -> None:
+            return None
+
+        async def resume(self) -> None:
+            return None
+
+        async def update_weights(self, source, *, version: int, mode: str = "abort") -> None:
+            if source == "broken":
+                raise OSError("cannot read broken")
+            self.loaded.append(source)
+
+    SyncSim.__qualname__ = SyncSim.__name__ = "_SyncSim"
+    return SyncSim
+
+
+_SyncSim = _sync_sim_class()

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from engine import EngineConfig
-from engine.errors import WorkflowError
+from engine.errors import BackendError, WorkflowError
 from engine.shards import ShardsDiedError, open_sharded_engine
 from engine.shards._protocol import encode_result
 from engine.staleness import staleness_capacity
@@ -231,3 +231,21 @@ def test_rollout_run_shards_refuses_the_hf_backend(tmp_path, capsys):
     code, _, err = run_cli(["run", "--backend", "hf", "--shards", "2", "--quiet", "--out", str(tmp_path / "o")],
                            capsys)
     assert code == 2 and "--shards: --backend hf" in err
+
+
+async def test_update_weights_reaches_every_shard_and_a_failure_names_the_shard(autojump_clock):
+    from shard_fixtures import weight_sync_sim
+
+    async with open_sharded_engine(weight_sync_sim(1.0), EngineConfig(), shards=2, shard_backend="inline") as engine:
+        await engine.update_weights("ckpt-7", version=7)
+        assert engine.version == 7 and not engine.paused
+        batch = await engine.rollout_batch([{"i": i} for i in range(6)], Echo())
+        assert set(batch["versions"][batch["loss_mask"].bool()].tolist()) == {7}
+        await engine.refresh_statistics()
+        assert [s.engine.version for s in engine.shard_statistics()] == [7, 7]
+        with pytest.raises(BackendError, match="update_weights failed on engine shard 0 .and 1 more.: OSError"):
+            await engine.update_weights("broken", version=8)
+        assert engine.version == 7 and not engine.paused
+    async with open_sharded_engine(sim(), EngineConfig(), shards=1, shard_backend="inline") as engine:
+        with pytest.raises(BackendError, match="shard 0: BackendError: SimBackend does not support weight updates"):
+            await engine.update_weights("ckpt", version=1)

@@ -314,7 +314,7 @@ class ShardedRolloutEngine(RolloutEngine):
         self.pause()
         try:
             outcomes = await self._call_all("update_weights", (source, version, mode))
-            failed = [(i, v) for i, (ok, v) in outcomes.items() if not ok]
+            failed = sorted(((i, v) for i, (ok, v) in outcomes.items() if not ok), key=lambda f: f[0])
             if failed:
                 i, exc = failed[0]
                 raise BackendError(f"update_weights failed on engine shard {i}"

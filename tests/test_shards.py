@@ -249,3 +249,10 @@ async def test_update_weights_reaches_every_shard_and_a_failure_names_the_shard(
     async with open_sharded_engine(sim(), EngineConfig(), shards=1, shard_backend="inline") as engine:
         with pytest.raises(BackendError, match="shard 0: BackendError: SimBackend does not support weight updates"):
             await engine.update_weights("ckpt", version=1)
+
+
+def test_the_package_exports_a_sorted_all():
+    import engine.shards
+
+    assert engine.shards.__all__ == sorted(engine.shards.__all__)
+    assert all(getattr(engine.shards, name) is not None for name in engine.shards.__all__)

@@ -21,5 +21,5 @@ from __future__ import annotations
 from ._coordinator import AdmissionRecord, ShardedRolloutEngine, ShardStatistics, ShardsDiedError
 from ._open import SHARD_BACKENDS, open_sharded_engine
 
-__all__ = ["SHARD_BACKENDS", "AdmissionRecord", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError",
+__all__ = ["AdmissionRecord", "SHARD_BACKENDS", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError",
            "open_sharded_engine"]

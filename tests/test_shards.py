@@ -90,6 +90,24 @@ async def test_a_killed_shard_s_episodes_run_again_and_end_once(autojump_clock):
         s = engine.statistics()
         assert (s.submitted, s.accepted, engine.shard_statistics()[0].dropped) == (100, 100, 1)
         invariant(s)
+        assert not engine._blobs and not engine._reruns  # nothing kept for ended episodes
+
+
+async def test_past_max_reruns_a_dead_shard_s_episodes_fail_as_shard_died(autojump_clock):
+    async with open_sharded_engine(sim(1.0), EngineConfig(max_concurrent_rollouts=64), shards=2,
+                                   shard_backend="inline", max_reruns=0) as engine:
+        ids = [engine.submit({"i": i}, Echo()) for i in range(40)]
+        await trio.testing.wait_all_tasks_blocked()
+        lost = set(engine._shards[0].inflight)
+        engine._shards[0].link.kill()
+        results = await engine.wait_results(40)
+        assert sorted(r.task_id for r in results) == ids
+        failed = {r.task_id for r in results if r.status == "failed"}
+        assert failed == lost and {r.reason for r in results if r.status == "failed"} == {"shard_died"}
+        assert all("engine shard 0 died (was killed)" in r.error_message for r in results if r.status == "failed")
+        s = engine.statistics()
+        assert (s.accepted, s.failed_by_reason) == (40 - len(lost), {"shard_died": len(lost)})
+        invariant(s)
 
 
 async def test_the_last_shard_dying_fails_every_episode_once_and_raises(autojump_clock):

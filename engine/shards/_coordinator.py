@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import pickle
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
@@ -173,7 +174,8 @@ class ShardedRolloutEngine(RolloutEngine):
     """
 
     def __init__(self, nursery: trio.Nursery, shards: list[_Shard], config: EngineConfig, *,
-                 dumper: Any = None, max_reruns: int = 2, record_admissions: bool = False) -> None:
+                 dumper: Any = None, max_reruns: int = 2, record_admissions: bool = False,
+                 frame_interval_s: float = 0.005) -> None:
         backend = _CoordinatorBackend()
         super().__init__(nursery, backend, None, config, dumper)  # type: ignore[arg-type]
         backend.engine = self
@@ -183,6 +185,7 @@ class ShardedRolloutEngine(RolloutEngine):
         self._blobs: dict[int, bytes] = {}
         self._reruns: collections.Counter[int] = collections.Counter()
         self._max_reruns = max_reruns
+        self._frame_interval_s = frame_interval_s
         self._dead_error: ShardsDiedError | None = None
         self._next_call = 0
         self.admission_log: list[AdmissionRecord] | None = [] if record_admissions else None
@@ -275,6 +278,11 @@ class ShardedRolloutEngine(RolloutEngine):
             if entry[0] == key:
                 return entry[1]
         raise KeyError(key)
+
+    def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
+        self._blobs.pop(result.task_id, None)  # every way an episode ends comes through here
+        self._reruns.pop(result.task_id, None)
+        super()._ended(result, was_running=was_running)
 
     def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
         taken = super()._take(results)
@@ -409,8 +417,11 @@ class ShardedRolloutEngine(RolloutEngine):
         self._on_shard_death(shard, reason if why is None else f"{reason}; {why}")
 
     async def _send_forever(self, shard: _Shard) -> None:
+        last_send = -math.inf
         while True:
             await shard.wake.wait()
+            await trio.sleep_until(last_send + self._frame_interval_s)  # under load: one frame per interval
+            last_send = trio.current_time()
             shard.wake = trio.Event()
             messages, shard.outbox = shard.outbox, []
             try:
@@ -442,8 +453,6 @@ class ShardedRolloutEngine(RolloutEngine):
                 shard.dropped += 1
                 continue
             shard.ended += 1
-            self._blobs.pop(task.task_id, None)
-            self._reruns.pop(task.task_id, None)
             result = self._check_staleness(decode_result(values, task.data))
             self._buffer._put_now(result, ResultBuffer._rows(result))
             self._ended(result, was_running=True)
@@ -490,7 +499,6 @@ class ShardedRolloutEngine(RolloutEngine):
         self._admit_now()
 
     def _fail_queued(self, task: Any, why: str) -> None:
-        self._blobs.pop(task.task_id, None)
         result = EpisodeResult(task.task_id, "failed", reason="shard_died", error_type="ShardsDiedError",
                                error_message=why, data=task.data)
         self._buffer._put_now(result, 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import sys
 from collections.abc import AsyncIterator
@@ -32,7 +33,8 @@ SHARD_BACKENDS = ("process", "ray", "inline")
 async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, *, shards: int = 2,
                               shard_backend: str | None = None, ray_address: str | None = None,
                               tokenizer: Any = None, start_timeout_s: float = 600.0, max_reruns: int = 2,
-                              stats_interval_s: float = 0.5, ray_num_cpus: float = 1.0,
+                              stats_interval_s: float = 0.5, frame_interval_s: float = 0.005,
+                              ray_num_cpus: float = 1.0,
                               record_admissions: bool = False) -> AsyncIterator[ShardedRolloutEngine]:
     """Open a :class:`~engine.shards.ShardedRolloutEngine`: ``shards`` engine processes,
     each with its own trio loop, backend client and reward pool (the ``reward_*``
@@ -61,6 +63,9 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
         max_reruns: times an episode is run again after its shard died before it
             ends as failed (reason ``"shard_died"``).
         stats_interval_s: how often shards send their engine statistics.
+        frame_interval_s: under load, each side sends at most one frame per this
+            many seconds (what is queued meanwhile joins it; an idle side sends at
+            once): fewer, larger frames for at most this much added latency per hop.
         ray_num_cpus: Ray CPUs each shard actor holds.
         record_admissions: keep an :class:`~engine.shards.AdmissionRecord` per
             admission in ``engine.admission_log`` (tests, audits; memory grows).
@@ -80,13 +85,17 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
         raise ValueError(f"shard_backend must be one of {SHARD_BACKENDS}, got {shard_backend!r}")
     if max_reruns < 0:
         raise ValueError(f"max_reruns must be >= 0, got {max_reruns}")
+    for name, value in (("stats_interval_s", stats_interval_s), ("frame_interval_s", frame_interval_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     try:
         pickle.dumps(backend, protocol=5)
     except Exception as exc:
         raise ValueError(f"open_sharded_engine: backend ({type(backend).__name__}) cannot be pickled, and each "
                          f"shard needs its own copy; pass a picklable factory instead: {exc}") from exc
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
-    init = {"config": config, "backend": backend, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s}
+    init = {"config": config, "backend": backend, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
+            "frame_interval_s": frame_interval_s}
     options = {"kind": kind, "ray_address": ray_address, "ray_num_cpus": ray_num_cpus, "shards": shards,
                "start_timeout_s": start_timeout_s}
     try:
@@ -113,7 +122,8 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
             try:
                 async with trio.open_nursery() as nursery:
                     engine = ShardedRolloutEngine(nursery, shards, init["config"], dumper=dumper,
-                                                  max_reruns=max_reruns, record_admissions=record_admissions)
+                                                  max_reruns=max_reruns, record_admissions=record_admissions,
+                                                  frame_interval_s=init["frame_interval_s"])
                     for shard in shards:
                         nursery.start_soon(engine._serve_shard, shard, name=f"engine-shard-{shard.index}")
                     nursery.start_soon(engine._admit_forever, name="admission")

@@ -94,12 +94,13 @@ async def run_shard(channel: Channel) -> None:
             buffer.wake_consumers()  # the sender waits on the buffer's arrivals
 
         async def sender() -> None:
-            last_stats = trio.current_time()
+            last_stats = last_send = trio.current_time()
             while True:
                 if not len(buffer) and not outbox:
                     with trio.move_on_after(init.stats_interval_s):
                         await buffer.wait_until(lambda: len(buffer) > 0 or bool(outbox))
-                await trio.lowlevel.checkpoint()  # let the other episodes ending now join this frame
+                # at most one frame per frame_interval_s: under load, what ends meanwhile joins this frame
+                await trio.sleep_until(last_send + init.frame_interval_s)
                 messages, outbox[:] = list(outbox), []
                 if len(buffer):
                     results = [buffer.pop_oldest() for _ in range(len(buffer))]
@@ -110,6 +111,7 @@ async def run_shard(channel: Channel) -> None:
                     last_stats = now
                     messages.append(("stats", engine.statistics()))
                 if messages:
+                    last_send = trio.current_time()
                     await channel.send(messages)
 
         async def call(call_id: int, method: str, args: tuple[Any, ...]) -> None:

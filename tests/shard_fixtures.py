@@ -97,3 +97,8 @@ def _sync_sim_class():
 
 
 _SyncSim = _sync_sim_class()
+
+
+def broken_backend():
+    """A backend factory that fails in the shard (a model that does not load)."""
+    raise RuntimeError("the model does not load")

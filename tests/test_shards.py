@@ -274,3 +274,12 @@ def test_the_package_exports_a_sorted_all():
 
     assert engine.shards.__all__ == sorted(engine.shards.__all__)
     assert all(getattr(engine.shards, name) is not None for name in engine.shards.__all__)
+
+
+@pytest.mark.slow
+async def test_a_shard_that_cannot_start_is_named_with_how_it_ended():
+    from shard_fixtures import broken_backend
+
+    with pytest.raises(RuntimeError, match=r"engine shard 0 \(pid \d+\) exited with status 1 before it was ready"):
+        async with open_sharded_engine(broken_backend, EngineConfig(), shards=1):
+            pass

@@ -13,7 +13,7 @@ from workflows import RolloutWorkflow
 
 class Echo(RolloutWorkflow):
     """One generation on the shard's backend; reward = the item's ``"reward"``
-    (default 1.0); ``"reject"`` items return None; ``"fail"`` items raise.  Each
+    (default 1.0); ``"sleep"`` items wait that many seconds first; ``"reject"`` items return None; ``"fail"`` items raise.  Each
     trajectory records the shard's pid as its ``shard_pid [1] int64``."""
 
     def __init__(self, max_new_tokens: int = 4):
@@ -21,7 +21,10 @@ class Echo(RolloutWorkflow):
 
     async def arun_episode(self, engine, data):
         import torch
+        import trio
 
+        if data.get("sleep"):  # seconds of real time (an episode still running when its shard is killed)
+            await trio.sleep(data["sleep"])
         resp = await engine.agenerate(ModelRequest(input_ids=[1, 2, 3, 4 + data.get("i", 0) % 50],
                                                    gconfig=self.gconfig))
         if data.get("reject"):

@@ -17,7 +17,7 @@ import trio.testing
 from engine import EngineConfig
 from engine.errors import BackendError, WorkflowError
 from engine.shards import ShardsDiedError, open_sharded_engine
-from engine.shards._protocol import encode_result
+from engine.shards._protocol import encode_results
 from engine.staleness import staleness_capacity
 from shard_fixtures import Echo, Poison, assert_global_bound, invariant, sim
 
@@ -86,7 +86,7 @@ async def test_a_killed_shard_s_episodes_run_again_and_end_once(autojump_clock):
         assert dead.exit == "was killed"
         # a result from the dead shard arriving after the re-run is dropped by task id
         late = next(r for r in results if r.task_id in lost)
-        engine._on_ended(doomed, [encode_result(late)])
+        engine._on_ended(doomed, encode_results([late]))
         s = engine.statistics()
         assert (s.submitted, s.accepted, engine.shard_statistics()[0].dropped) == (100, 100, 1)
         invariant(s)
@@ -191,12 +191,12 @@ async def test_two_shard_processes_240_episodes_prepare_batch_and_versions():
 
 @pytest.mark.slow
 async def test_a_sigkilled_shard_process_has_its_episodes_rerun_and_counted_once():
-    async with open_sharded_engine(sim(0.3), EngineConfig(max_concurrent_rollouts=400), shards=2) as engine:
+    async with open_sharded_engine(sim(0.0), EngineConfig(max_concurrent_rollouts=400), shards=2) as engine:
         wf = Echo()
-        ids = [engine.submit({"i": i}, wf) for i in range(300)]
-        first = await engine.wait_results(20)
+        ids = [engine.submit({"i": i, "sleep": 0 if i < 20 else 2.0}, wf) for i in range(300)]
+        first = await engine.wait_results(20)  # the 20 quick ones; the others run for 2 s more
         victim = engine.shard_statistics()[0]
-        assert victim.running > 0  # (C = 400: all 300 were dispatched at once)
+        assert victim.running > 100  # (C = 400: all 300 were dispatched at once, split evenly)
         os.kill(victim.pid, signal.SIGKILL)
         rest = await engine.wait_results(280)
         results = first + rest
@@ -283,3 +283,33 @@ async def test_a_shard_that_cannot_start_is_named_with_how_it_ended():
     with pytest.raises(RuntimeError, match=r"engine shard 0 \(pid \d+\) exited with status 1 before it was ready"):
         async with open_sharded_engine(broken_backend, EngineConfig(), shards=1):
             pass
+
+
+def test_results_round_trip_through_a_frame_in_columns():
+    import torch
+    from tensordict import TensorDict
+
+    from engine.executor import EpisodeResult
+    from engine.shards._protocol import decode_results, pack_frame, result_record, unpack_frame
+
+    def traj(n: int, reward: float) -> TensorDict:
+        return TensorDict({"input_ids": torch.arange(2 * n, dtype=torch.int32).view(2, n),
+                           "attention_mask": torch.ones(2, n, dtype=torch.bool),
+                           "rewards": torch.tensor([reward, -reward])}, batch_size=[2])
+
+    sent = [EpisodeResult(0, "accepted", trajectory=traj(3, 1.0), elapsed_s=0.5),
+            EpisodeResult(1, "failed", reason="workflow_error", error_type="ValueError", error_message="x"),
+            EpisodeResult(2, "accepted", trajectory=traj(5, 2.0), member_errors=((1, "backend_error", "E", "m"),)),
+            EpisodeResult(3, "accepted", trajectory=TensorDict({"empty": torch.zeros(1, 0)}, batch_size=[1]))]
+    messages = unpack_frame(bytearray(pack_frame([("ended", encode_results(sent), (0, 0, 0, 0))])))
+    got = [result_record(values, t, data=i) for i, (values, t) in enumerate(decode_results(messages[0][1]))]
+    for a, b in zip(sent, got):
+        assert (a.task_id, a.status, a.reason, a.error_type, a.member_errors, a.elapsed_s) == (
+            b.task_id, b.status, b.reason, b.error_type, b.member_errors, b.elapsed_s)
+        assert (a.trajectory is None) == (b.trajectory is None)
+        if a.trajectory is not None:
+            assert set(a.trajectory.keys()) == set(b.trajectory.keys())
+            for k in a.trajectory.keys():
+                assert a.trajectory[k].dtype == b.trajectory[k].dtype and torch.equal(a.trajectory[k], b.trajectory[k])
+    got[0].trajectory["input_ids"][0, 0] = 7  # writable views, each its own
+    assert got[2].trajectory["input_ids"][0, 0] == 0 and got[3].data == 3

@@ -43,7 +43,7 @@ from ..backends.base import BackendStatistics
 from ..buffer import ResultBuffer
 from ..errors import BackendError, RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
-from ._protocol import decode_result
+from ._protocol import decode_results, result_record
 
 __all__ = ["AdmissionRecord", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
 
@@ -446,14 +446,14 @@ class ShardedRolloutEngine(RolloutEngine):
         else:
             raise RuntimeError(f"engine shard {shard.index} sent an unknown message {kind!r}")
 
-    def _on_ended(self, shard: _Shard, encoded: list[Any]) -> None:
-        for values in encoded:
+    def _on_ended(self, shard: _Shard, payload: Any) -> None:
+        for values, trajectory in decode_results(payload):
             task = shard.inflight.pop(values[0], None)
             if task is None:  # re-dispatched after this shard was given up, or already ended
                 shard.dropped += 1
                 continue
             shard.ended += 1
-            result = self._check_staleness(decode_result(values, task.data))
+            result = self._check_staleness(result_record(values, trajectory, task.data))
             self._buffer._put_now(result, ResultBuffer._rows(result))
             self._ended(result, was_running=True)
 

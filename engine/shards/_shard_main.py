@@ -27,7 +27,7 @@ import trio
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-from ._protocol import Channel, FrameStream, ShardInit, encode_result
+from ._protocol import Channel, FrameStream, ShardInit, encode_results
 
 __all__ = ["build_backend", "run_shard", "shard_engine_config"]
 
@@ -105,7 +105,7 @@ async def run_shard(channel: Channel) -> None:
                 if len(buffer):
                     results = [buffer.pop_oldest() for _ in range(len(buffer))]
                     engine._take(results)
-                    messages.append(("ended", [encode_result(r) for r in results], _counters(engine)))
+                    messages.append(("ended", encode_results(results), _counters(engine)))
                 now = trio.current_time()
                 if now - last_stats >= init.stats_interval_s:
                     last_stats = now

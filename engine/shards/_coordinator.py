@@ -464,6 +464,7 @@ class ShardedRolloutEngine(RolloutEngine):
             return
         shard.alive, shard.exit = False, why
         self._live.remove(shard)
+        shard.link.kill()  # (a shard whose channel broke may still run: it must not run its episodes twice)
         for slot in shard.calls.values():
             slot[1] = (False, ShardsDiedError(f"engine shard {shard.index} died ({why})"))
             slot[0].set()

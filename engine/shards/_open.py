@@ -118,7 +118,7 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
         if dumper is not None:
             await services.start(dumper.run)
         try:
-            shards = await _start_all(init, options, services)
+            shards, ray_context = await _start_all(init, options, services)
             try:
                 async with trio.open_nursery() as nursery:
                     engine = ShardedRolloutEngine(nursery, shards, init["config"], dumper=dumper,
@@ -135,13 +135,14 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
                         nursery.cancel_scope.cancel()
             finally:
                 with trio.CancelScope(shield=True):
-                    await _close_all(shards)
+                    await _close_all(shards, ray_context)
         finally:
             if dumper is not None:
                 dumper.close()
 
 
-async def _start_all(init: dict[str, Any], options: dict[str, Any], services: trio.Nursery) -> list[_Shard]:
+async def _start_all(init: dict[str, Any], options: dict[str, Any],
+                     services: trio.Nursery) -> tuple[list[_Shard], Any]:
     """Start every shard concurrently; if one fails, stop the others and raise."""
     links: list[Any] = [None] * options["shards"]
     ray_context = None
@@ -184,12 +185,10 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any], services: tr
             if ray_context is not None:
                 await ray_context.aclose()
         raise
-    shards = [_Shard(i, link) for i, link in enumerate(links)]
-    shards[0].ray_context = ray_context  # type: ignore[attr-defined]  # closed with the shards
-    return shards
+    return [_Shard(i, link) for i, link in enumerate(links)], ray_context
 
 
-async def _close_all(shards: list[_Shard]) -> None:
+async def _close_all(shards: list[_Shard], ray_context: Any) -> None:
     async def say_close(shard: _Shard) -> None:
         with trio.move_on_after(2.0):
             try:
@@ -202,7 +201,6 @@ async def _close_all(shards: list[_Shard]) -> None:
             if shard.alive:
                 nursery.start_soon(say_close, shard)
     await _close_links([s.link for s in shards], grace_s=10.0)
-    ray_context = getattr(shards[0], "ray_context", None) if shards else None
     if ray_context is not None:
         await ray_context.aclose()
 

@@ -16,7 +16,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 bench bench-sweep bench-soak areal-peer clean
+.PHONY: install model run test test-smollm2 bench bench-sweep bench-shards bench-soak areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ bench: $(VENV)/.bench
 
 bench-sweep: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_sweep.py
+
+bench-shards: $(VENV)/.bench
+	$(BIN)/python benchmarks/bench_sweep.py --concurrency 1024,4096 --episodes 4096 --sides ours --shards 1,2 \
+		--json-out benchmarks/results/bench_sweep_shards.json
 
 bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py

@@ -10,6 +10,12 @@ the plot shows where.
 
     .venv/bin/python benchmarks/bench_sweep.py                  # ~15 min on a 2-core box
     .venv/bin/python benchmarks/bench_sweep.py --concurrency 64,256,1024 --sides ours,naive
+    .venv/bin/python benchmarks/bench_sweep.py --concurrency 1024,4096 --sides ours --shards 1,2   # issue 16
+
+``--shards 1,2`` adds sharded-engine sides (``shards1``, ``shards2``: :mod:`engine.shards`
+with that many shard processes, :mod:`benchmarks.bench_shard_sides`) at every point,
+interleaved with the other sides, and prints the speed-up of N shards over 1 and over
+the single-process engine.
 
 Prints one table, writes ``benchmarks/results/bench_sweep.json`` and, when
 matplotlib is installed, ``benchmarks/results/bench_sweep.png`` (episodes/s and
@@ -27,10 +33,58 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, write_json  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    HEADLINE, SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, plan_requests, write_json)
+from benchmarks.bench_shard_sides import run_shard_side, shard_side  # noqa: E402
 
-COLORS = {"ours": "tab:blue", "areal": "tab:orange", "naive": "tab:gray"}
-NAMES = {"ours": "trio-rollout", "areal": "AReaL 1.0.4 WorkflowExecutor", "naive": "naive (batch, wait all, score)"}
+COLORS = {"ours": "tab:blue", "areal": "tab:orange", "naive": "tab:gray", "shards1": "tab:green",
+          "shards2": "tab:purple", "shards3": "tab:red", "shards4": "tab:brown"}
+NAMES = {"ours": "trio-rollout", "areal": "AReaL 1.0.4 WorkflowExecutor", "naive": "naive (batch, wait all, score)",
+         **{f"shards{n}": f"trio-rollout, {n} shard process{'es' if n > 1 else ''}" for n in range(1, 5)}}
+
+
+def run_shard_sides(cfg: BenchConfig, shard_counts: list[int], repeats: int, log: Any) -> list[dict[str, Any]]:
+    """The ``shardsN`` sides at one point (``repeats`` runs each, interleaved; the
+    median-wall run, with median headline numbers, as :func:`benchmarks.harness.compare`)."""
+    import statistics
+
+    plan = plan_requests(cfg, load_tokenizer(cfg.tokenizer)[0])
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in shard_counts}
+    for _ in range(repeats):
+        for n in shard_counts:
+            runs[n].append(run_shard_side(shard_side(n), cfg, plan=plan))
+            r = runs[n][-1]
+            log(f"  {shard_side(n):7s} C={cfg.concurrency:<6d} {r['episodes_per_s']} ep/s, eff {r['efficiency']}, "
+                f"CPU {r['cpu_ms_per_episode']} ms/ep, work matches plan: {r.get('work_matches_plan')}")
+    out = []
+    for n in shard_counts:
+        ordered = sorted(runs[n], key=lambda r: r["wall_s"])
+        best = dict(ordered[len(ordered) // 2])
+        for key in HEADLINE:
+            values = [r[key] for r in runs[n] if r.get(key) is not None]
+            best[key] = statistics.median(values) if values else None
+        best["runs"] = [{k: r.get(k) for k in HEADLINE} for r in runs[n]]
+        out.append(best)
+    return out
+
+
+def speedups(results: list[dict[str, Any]], shard_counts: list[int]) -> list[dict[str, Any]]:
+    """Per point: episodes/s of N shards over 1 shard and over the single-process engine."""
+    out = []
+    for c in sorted({r["concurrency"] for r in results}):
+        at = {r["side"]: r for r in results if r["concurrency"] == c and not r.get("skipped")}
+        one, ours = at.get("shards1"), at.get("ours")
+        for n in shard_counts:
+            side = at.get(shard_side(n))
+            if side is None:
+                continue
+            row = {"concurrency": c, "shards": n, "episodes_per_s": side["episodes_per_s"]}
+            if one:
+                row["vs_1_shard"] = round(side["episodes_per_s"] / one["episodes_per_s"], 3)
+            if ours:
+                row["vs_single_process"] = round(side["episodes_per_s"] / ours["episodes_per_s"], 3)
+            out.append(row)
+    return out
 
 
 def plot(results: list[dict[str, Any]], path: Path, title: str) -> Path | None:
@@ -43,7 +97,7 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     except ImportError:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for side in SIDES:
+    for side in COLORS:
         rows = sorted((r for r in results if r["side"] == side and not r.get("skipped")),
                       key=lambda r: r["concurrency"])
         if not rows:
@@ -82,6 +136,8 @@ def main() -> int:
                    help="reward micro-batch cap (default: EngineConfig's, adaptive; 1: off)")
     p.add_argument("--repeats", type=int, default=1, help="runs per side and point; medians reported")
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
+    p.add_argument("--shards", default="", help="comma-separated shard counts: add shardsN sides "
+                   "(engine.shards, N shard processes), e.g. 1,2 (default: none)")
     p.add_argument("--areal-python", default=None)
     p.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "bench_sweep.json"))
     args = p.parse_args()
@@ -95,6 +151,9 @@ def main() -> int:
                 for c in points]
         if args.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {args.repeats}")
+        shard_counts = [int(x) for x in args.shards.split(",") if x.strip()]
+        if any(n < 1 for n in shard_counts):
+            raise ValueError(f"--shards: counts must be >= 1, got {args.shards}")
         load_tokenizer(base.tokenizer)
     except ValueError as exc:
         p.error(str(exc))
@@ -102,14 +161,25 @@ def main() -> int:
     for c, cfg in zip(points, cfgs):
         configs.append(asdict(cfg))
         print(f"C={c}: {cfg.episodes} episodes", file=sys.stderr, flush=True)
-        results += compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
-                           log=lambda m: print(m, file=sys.stderr, flush=True))
+        log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        results += compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats, log=log)
+        if shard_counts:
+            results += run_shard_sides(cfg, shard_counts, args.repeats, log)
     title = (f"bench_sweep: {args.prefill_s * 1000:.0f} ms + {args.per_token_s * 1000:.0f} ms/token x "
              f"~{args.out_len_median} tokens, RLVR + GSM8K reward, 2-core box")
     print(format_table(results, title=title))
+    extra: dict[str, Any] = {}
+    if shard_counts:
+        extra["shard_speedups"] = speedups(results, shard_counts)
+        print("\nshards: episodes/s, speed-up over 1 shard and over the single-process engine (ours)")
+        for row in extra["shard_speedups"]:
+            print(f"  C={row['concurrency']:<6d} {row['shards']} shard(s): {row['episodes_per_s']:8.1f} ep/s"
+                  f"  x{row.get('vs_1_shard', float('nan')):.2f} vs 1 shard"
+                  f"  x{row.get('vs_single_process', float('nan')):.2f} vs single process")
     json_path = Path(args.json_out)
     png = plot(results, json_path.with_suffix(".png"), title)
-    path = write_json(json_path, "bench_sweep", configs, results, plot=png.name if png else None)  # next to the JSON
+    path = write_json(json_path, "bench_sweep", configs, results, plot=png.name if png else None,  # next to the JSON
+                      **extra)
     print(f"wrote {path}" + (f" and {png}" if png else " (no plot: pip install matplotlib)"))
     return 0
 

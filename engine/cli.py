@@ -164,7 +164,12 @@ def build_parser() -> _Parser:
                      help="where sync rewards run: local worker processes, or Ray actors (pip install "
                           "'trio-rollout[ray]'; default local)")
     run.add_argument("--ray-address", default=None, metavar="ADDR",
-                     help="Ray cluster for --reward-backend ray (default: start a local Ray)")
+                     help="Ray cluster for --reward-backend ray and --shard-backend ray (default: start a local Ray)")
+    run.add_argument("--shards", type=_positive_int, default=None, metavar="N",
+                     help="run N engine shards (processes, each with its own event loop, backend client and "
+                          "reward pool) behind one coordinator (engine.shards; --backend sim|sglang|vllm)")
+    run.add_argument("--shard-backend", choices=("process", "ray"), default="process",
+                     help="--shards as local processes (default) or Ray actors (on --ray-address)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
     run.add_argument("--resume", type=Path, default=None, metavar="DIR",
@@ -384,7 +389,6 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
     folder, run the items not done yet, write outputs as they end."""
     from ._journal import locked_options, open_run_dir
     from .config_file import config_dict, dump_config
-    from .executor import open_rollout_engine
     from .live import view_mode
     from .metrics import observe_run
     from .outputs import RunWriter
@@ -392,6 +396,8 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
     if args.resume is not None:  # (its options were resolved in main)
         if args.backend in ("sglang", "vllm") and not args.server:
             raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
+    if args.shards and args.backend == "hf":
+        raise ValueError("--shards: --backend hf loads the model in this process; use --backend sim|sglang|vllm")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     loaded = await trio.to_thread.run_sync(_load_items, args)  # a bad dataset fails before any work
@@ -435,9 +441,11 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                         writer.tokenizer = tokenizer
                         static.update(used, logprob_semantics=backend.logprob_semantics)
                         workflow, config = await _workflow_and_config(args, tokenizer)
-                        async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+                        async with _open_engine(args, backend, config, tokenizer) as engine:
                             static["startup_seconds"] = time.perf_counter() - start  # model load, servers
-                            await engine.reward_pool.check_reward_fn(args.workflow_plan.reward_fn, items[todo[0]])
+                            if engine.reward_pool is not None:  # (shards: each has its own pool)
+                                await engine.reward_pool.check_reward_fn(args.workflow_plan.reward_fn,
+                                                                         items[todo[0]])
                             if state.version:
                                 engine.restore(state.version)
                             async with observe_run(engine, total=len(todo), out=Path(args.out),
@@ -447,7 +455,8 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                                                    metrics_host=args.metrics_host) as monitor:
                                 if args.metrics_port is not None:  # (port 0: the one the OS chose)
                                     print(f"rollout: metrics at {monitor.metrics_url}", file=sys.stderr, flush=True)
-                                tracked = monitor.track(workflow)  # episode starts and tokens, for the view
+                                # episode starts and tokens, for the view (in-process only: shards run elsewhere)
+                                tracked = workflow if args.shards else monitor.track(workflow)
                                 for i in todo:
                                     engine.submit(items[i], tracked, group_size=args.group_size, task_id=i)
                                 writer.begin(len(todo))
@@ -466,6 +475,19 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
     if error is not None:
         raise error
     return writer.summary
+
+
+def _open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: Any) -> Any:
+    """``open_rollout_engine``, or with ``--shards N`` ``open_sharded_engine``."""
+    if not args.shards:
+        from .executor import open_rollout_engine
+
+        return open_rollout_engine(backend, config, tokenizer=tokenizer)
+    from .shards import open_sharded_engine
+
+    return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
+                               ray_address=args.ray_address if args.shard_backend == "ray" else None,
+                               tokenizer=tokenizer)
 
 
 async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:

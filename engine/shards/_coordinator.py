@@ -1,0 +1,524 @@
+"""The coordinator of a sharded engine: the :class:`~engine.executor.RolloutEngine` API
+over N engine processes (shards).
+
+The coordinator keeps everything a trainer sees in one place: task ids, the
+policy version, the queue, the global staleness budget, the result buffer,
+``prepare_batch``'s pipeline, the failure breaker and the exactly-once
+accounting (all inherited from :class:`~engine.executor.RolloutEngine`).  Only
+the running of episodes moves out: an admitted episode is dispatched to the live
+shard with the fewest episodes in flight, where it runs as an ordinary episode of
+that shard's engine (own trio loop, backend client, reward pool).
+
+Admission (AReaL's capacity, :mod:`engine.staleness`) is computed here over the
+sum of all shards: ``running`` counts episodes dispatched and not yet returned,
+``accepted`` the accepted ones, so ``sum(running) + accepted`` never exceeds
+``(eta + v + 1) * B`` and ``sum(running)`` never exceeds ``C``.  The capacity is
+split across shards one episode at a time (each admitted episode is a one-shot
+credit granted to the least-loaded shard), which rebalances by itself: a slow or
+dead shard simply gets less.  Shards keep no queue of their own, so nothing waits
+on a busy shard while another is idle.
+
+Exactly once across shards: the coordinator keeps, per shard, the episodes
+dispatched and not yet ended.  When a shard dies (its channel ends: SIGKILL,
+crash, OOM, a killed Ray actor) those episodes go back to the head of the queue
+and run again on a surviving shard (at most ``max_reruns`` times each, then they
+end as failed with reason ``"shard_died"``); a result arriving from a shard for
+an episode it no longer holds is dropped by task id.  When the last shard dies,
+every episode not ended ends as failed (``"shard_died"``) and
+:class:`ShardsDiedError` ends the ``async with`` block.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import pickle
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any
+
+import trio
+
+from ..backends.base import BackendStatistics
+from ..buffer import ResultBuffer
+from ..errors import BackendError, RolloutError, WorkflowError
+from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
+from ._protocol import decode_results, result_record
+
+__all__ = ["AdmissionRecord", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
+
+logger = logging.getLogger(f"rollout.{__name__}")
+
+
+class ShardsDiedError(RolloutError):
+    """Every engine shard died; the message names each one and how it ended."""
+
+
+@dataclass(frozen=True)
+class AdmissionRecord:
+    """One admission (``record_admissions=True``): the state right after it.
+
+    Attributes:
+        task_id, shard: the episode admitted and the shard it went to.
+        version: the policy version then.
+        accepted: the staleness counter of accepted episodes (all shards).
+        running: episodes dispatched and not ended, per shard (index order).
+    """
+
+    task_id: int
+    shard: int
+    version: int
+    accepted: int
+    running: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShardStatistics:
+    """One shard as the coordinator sees it.
+
+    Attributes:
+        index, pid, kind: the shard (``kind``: ``"process"`` or ``"ray"``).
+        alive: its channel is open; ``exit`` says how it ended otherwise.
+        running: episodes dispatched to it and not ended.
+        admitted, ended: lifetime episodes dispatched to it / returned by it.
+        rerun: episodes taken back from it when it died and queued again.
+        dropped: results it sent for episodes it no longer held (dropped by task id).
+        engine: the latest statistics of its own engine (or None before the first).
+    """
+
+    index: int
+    pid: int | None
+    kind: str
+    alive: bool
+    exit: str | None
+    running: int
+    admitted: int
+    ended: int
+    rerun: int
+    dropped: int
+    engine: EngineStatistics | None
+
+
+class _Shard:
+    def __init__(self, index: int, link: Any) -> None:
+        self.index = index
+        self.link = link
+        self.alive = True
+        self.exit: str | None = None
+        self.inflight: dict[int, Any] = {}
+        self.outbox: list[Any] = []
+        self.submits: list[Any] = []
+        self.wake = trio.Event()
+        self.known: set[int] = set()
+        self.admitted = self.ended = self.rerun = self.dropped = 0
+        self.counters: tuple[int, ...] = (0, 0, 0, 0)
+        self.stats: EngineStatistics | None = None
+        self.calls: dict[int, list[Any]] = {}
+
+    def post(self, message: Any) -> None:
+        self.outbox.append(message)
+        self.wake.set()
+
+
+class _CoordinatorBackend:
+    """The coordinator's stand-in for ``engine.backend``: the version lives in the
+    shards' backends; statistics are merged from their latest snapshots."""
+
+    kind = "sharded"
+    logprob_semantics = "processed"
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.engine: ShardedRolloutEngine | None = None
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def statistics(self) -> Any:
+        engine = self.engine
+        snaps = [s.stats.backend for s in engine._shards if s.stats is not None] if engine else []
+        return merge_statistics(snaps) if snaps else BackendStatistics(kind="sharded", version=self.version,
+                                                                       logprob_semantics=self.logprob_semantics)
+
+
+def merge_statistics(snapshots: list[Any]) -> Any:
+    """Sum the int/float fields of same-typed dataclass snapshots (peaks are summed
+    too: an upper bound); other fields come from the first."""
+    first = snapshots[0]
+    if not is_dataclass(first) or isinstance(first, type) or any(type(s) is not type(first) for s in snapshots):
+        return first
+    merged = {}
+    for f in fields(first):
+        values = [getattr(s, f.name) for s in snapshots]
+        if f.name != "version" and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[f.name] = sum(values)
+    return replace(first, **merged)
+
+
+class ShardedRolloutEngine(RolloutEngine):
+    """Created by :func:`engine.shards.open_sharded_engine`; do not instantiate directly.
+
+    The :class:`~engine.executor.RolloutEngine` API (``submit``, ``wait``,
+    ``wait_results``, ``wait_for_task``, ``rollout_batch``, ``prepare_batch``,
+    ``set_version``, ``update_weights``, ``pause``, ``resume``, ``restore``,
+    ``statistics``) with the same semantics; differences:
+
+    * workflows, ``should_accept_fn`` and dataset items must be picklable (they are
+      sent to the shards): ``submit`` raises ``WorkflowError`` / ``ValueError``
+      naming the object otherwise.
+    * ``agenerate`` is the shards' (a workflow gets its shard's engine);
+      ``state_dict`` / ``load_state_dict`` are not supported yet.
+    * Admission also waits while the result buffer is full (finished episodes are
+      held by the coordinator, not by the shard that ran them), so at most
+      ``buffer_capacity + C`` trajectories are held.
+    """
+
+    def __init__(self, nursery: trio.Nursery, shards: list[_Shard], config: EngineConfig, *,
+                 dumper: Any = None, max_reruns: int = 2, record_admissions: bool = False,
+                 frame_interval_s: float = 0.005) -> None:
+        backend = _CoordinatorBackend()
+        super().__init__(nursery, backend, None, config, dumper)  # type: ignore[arg-type]
+        backend.engine = self
+        self._shards = shards
+        self._live = list(shards)
+        self._specs: dict[tuple[int, int], tuple[int, bytes, Any, Any]] = {}
+        self._blobs: dict[int, bytes] = {}
+        self._reruns: collections.Counter[int] = collections.Counter()
+        self._max_reruns = max_reruns
+        self._frame_interval_s = frame_interval_s
+        self._dead_error: ShardsDiedError | None = None
+        self._next_call = 0
+        self.admission_log: list[AdmissionRecord] | None = [] if record_admissions else None
+
+    # -- what runs only in shards -----------------------------------------------------------------
+    async def agenerate(self, req: Any) -> Any:
+        raise RuntimeError("a sharded engine generates in its shards: workflows get their shard's engine")
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError("state_dict is not supported by a sharded engine yet")
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> list[int]:
+        raise NotImplementedError("load_state_dict is not supported by a sharded engine yet")
+
+    # -- submission and dispatch ------------------------------------------------------------------
+    def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+               should_accept_fn: Any = None, group_size: int = 1, task_id: int | None = None) -> int:
+        """As :meth:`RolloutEngine.submit`; also raises ``WorkflowError`` (the
+        workflow or filter cannot be pickled), ``ValueError`` (``data`` cannot be),
+        and :class:`ShardsDiedError` (no shard is alive)."""
+        if self._dead_error is not None:
+            raise self._dead_error
+        if self._closed:
+            raise trio.ClosedResourceError("the rollout engine is closed")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        key = self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
+        try:
+            blob = pickle.dumps(data, protocol=5)
+        except Exception as exc:
+            raise ValueError(f"submit: data ({type(data).__name__}) cannot be pickled, and a sharded engine sends "
+                             f"each item to a shard process: {exc}") from exc
+        if task_id is None:
+            task_id = self._next_id
+        elif task_id in self._live_ids:
+            raise ValueError(f"task_id {task_id} is already in use")
+        self._next_id = max(self._next_id, task_id + 1)
+        self._live_ids.add(task_id)
+        self._blobs[task_id] = blob
+        self._queue.append(_task(task_id, key, data, group_size))
+        self._counts["submitted"] += 1
+        self._counts["queued"] += 1
+        self._admission.unpark_all()
+        return task_id
+
+    def _spec_key(self, workflow: Any, should_accept_fn: Any) -> int:
+        """The key the shards know ``(workflow, should_accept_fn)`` by (pickled once)."""
+        entry = self._specs.get((id(workflow), id(should_accept_fn)))
+        if entry is None or entry[2] is not workflow or entry[3] is not should_accept_fn:
+            try:
+                blob = pickle.dumps((workflow, should_accept_fn), protocol=5)
+            except Exception as exc:
+                raise WorkflowError(f"a sharded engine sends the workflow ({type(workflow).__name__}) and "
+                                    f"should_accept_fn to its shards, and they cannot be pickled: {exc}") from exc
+            entry = (len(self._specs), blob, workflow, should_accept_fn)
+            self._specs[(id(workflow), id(should_accept_fn))] = entry
+        return entry[0]
+
+    def _admit_now(self) -> None:
+        """Dispatch queued episodes while the global capacity allows, each to the live
+        shard with the fewest in flight (one frame per shard per pass)."""
+        touched = []
+        staleness, buffer, log = self._staleness, self._buffer, self.admission_log
+        while (self._queue and not self._closed and self._live and self._unpaused.is_set()
+               and buffer.rows < buffer.capacity and staleness.capacity(self._version) > 0):
+            task = self._queue.popleft()
+            self._counts["queued"] -= 1
+            self._counts["running"] += 1
+            staleness.running += 1
+            self._running[task.task_id] = task
+            shard = min(self._live, key=lambda s: len(s.inflight))
+            shard.inflight[task.task_id] = task
+            shard.admitted += 1
+            key = task.workflow
+            if key not in shard.known:
+                shard.known.add(key)
+                shard.outbox.append(("workflow", key, self._spec_blob(key)))
+            if not shard.submits:
+                touched.append(shard)
+            shard.submits.append((task.task_id, key, task.group_size, self._blobs[task.task_id]))
+            if log is not None:
+                log.append(AdmissionRecord(task.task_id, shard.index, self._version, staleness.accepted,
+                                           tuple(len(s.inflight) for s in self._shards)))
+        for shard in touched:
+            shard.post(("submit", shard.submits))
+            shard.submits = []
+
+    def _spec_blob(self, key: int) -> bytes:
+        for entry in self._specs.values():
+            if entry[0] == key:
+                return entry[1]
+        raise KeyError(key)
+
+    def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
+        self._blobs.pop(result.task_id, None)  # every way an episode ends comes through here
+        self._reruns.pop(result.task_id, None)
+        super()._ended(result, was_running=was_running)
+
+    def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
+        taken = super()._take(results)
+        if self._queue:  # room in the buffer again: admission may have waited for it
+            self._admission.unpark_all()
+        return taken
+
+    def _refill(self) -> None:
+        if self._dead_error is None:
+            super()._refill()
+
+    # -- versions, pause, weights -----------------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        """As :meth:`RolloutEngine.set_version`; the shards get it before any episode
+        dispatched after this call."""
+        self._broadcast(("version", version))
+        super().set_version(version)
+
+    def pause(self) -> None:
+        if not self.paused:
+            self._broadcast(("pause",))
+        super().pause()
+
+    def resume(self) -> None:
+        self._broadcast(("resume",))
+        super().resume()
+
+    async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
+        """As :meth:`RolloutEngine.update_weights`, on every live shard at once (each
+        pauses, loads, sets the version, resumes); dispatch pauses meanwhile.
+
+        Raises:
+            BackendError: a shard's update failed (naming the shard; the version
+                stays unless every shard updated).
+        """
+        was_paused = self.paused
+        self.pause()
+        try:
+            outcomes = await self._call_all("update_weights", (source, version, mode))
+            failed = sorted(((i, v) for i, (ok, v) in outcomes.items() if not ok), key=lambda f: f[0])
+            if failed:
+                i, exc = failed[0]
+                raise BackendError(f"update_weights failed on engine shard {i}"
+                                   f"{f' (and {len(failed) - 1} more)' if len(failed) > 1 else ''}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            super().set_version(version)  # (the shards set theirs inside update_weights)
+        finally:
+            if not was_paused:
+                self.resume()
+
+    def _broadcast(self, message: Any) -> None:
+        for shard in self._live:
+            shard.post(message)
+
+    async def _call(self, shard: _Shard, method: str, args: tuple[Any, ...] = ()) -> tuple[bool, Any]:
+        self._next_call += 1
+        slot: list[Any] = [trio.Event(), None]
+        shard.calls[self._next_call] = slot
+        shard.post(("call", self._next_call, method, args))
+        await slot[0].wait()
+        result: tuple[bool, Any] = slot[1]
+        return result
+
+    async def _call_all(self, method: str, args: tuple[Any, ...] = ()) -> dict[int, tuple[bool, Any]]:
+        out: dict[int, tuple[bool, Any]] = {}
+
+        async def one(shard: _Shard) -> None:
+            out[shard.index] = await self._call(shard, method, args)
+
+        async with trio.open_nursery() as nursery:
+            for shard in list(self._live):
+                nursery.start_soon(one, shard)
+        return out
+
+    async def refresh_statistics(self) -> EngineStatistics:
+        """Ask every live shard for its engine's statistics now, then :meth:`statistics`
+        (which otherwise uses snapshots at most ``stats_interval_s`` old)."""
+        for index, (ok, value) in (await self._call_all("statistics")).items():
+            if ok:
+                self._shards[index].stats = value
+        return self.statistics()
+
+    async def backend_records(self) -> list[list[Any]]:
+        """Each live shard's ``backend.requests`` (e.g. a recording ``SimBackend``), as tuples."""
+        outcomes = await self._call_all("backend_records")
+        return [outcomes[i][1] if outcomes.get(i, (False,))[0] else [] for i in range(len(self._shards))]
+
+    # -- statistics -------------------------------------------------------------------------------
+    def statistics(self) -> EngineStatistics:
+        """A frozen snapshot; sync and cheap.  Counts and capacity are the coordinator's
+        (exact, global); ``generated_tokens``, ``segments_resumed``,
+        ``reward_fallbacks``, ``retokenization_drifts`` are sums over the shards as of
+        their latest results; ``backend`` sums the shards' latest backend snapshots;
+        ``rewards`` is a tuple of the shards' reward pool statistics."""
+        base = super().statistics()
+        totals = [sum(s.counters[i] for s in self._shards) for i in range(4)]
+        return replace(base, generated_tokens=totals[0], segments_resumed=totals[1], reward_fallbacks=totals[2],
+                       retokenization_drifts=totals[3],
+                       rewards=tuple(s.stats.rewards if s.stats is not None else None for s in self._shards))
+
+    def shard_statistics(self) -> list[ShardStatistics]:
+        return [ShardStatistics(s.index, s.link.pid, s.link.kind, s.alive, s.exit, len(s.inflight), s.admitted,
+                                s.ended, s.rerun, s.dropped, s.stats) for s in self._shards]
+
+    @property
+    def shard_pids(self) -> list[int | None]:
+        """The shards' process ids (index order)."""
+        return [s.link.pid for s in self._shards]
+
+    # -- the shard channels -----------------------------------------------------------------------
+    async def _serve_shard(self, shard: _Shard) -> None:
+        """Read the shard's frames until its channel ends; then, unless closing, treat
+        it as dead (its episodes run again elsewhere)."""
+        why = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_forever, shard)
+            try:
+                while True:
+                    messages = await shard.link.channel.receive()
+                    if messages is None:
+                        break
+                    for message in messages:
+                        self._on_message(shard, message)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError,
+                    pickle.UnpicklingError) as exc:
+                why = f"its channel broke: {type(exc).__name__}: {exc}"
+            nursery.cancel_scope.cancel()
+        if self._closed:
+            return
+        with trio.CancelScope(shield=True):
+            reason = await shard.link.exit_reason()
+        self._on_shard_death(shard, reason if why is None else f"{reason}; {why}")
+
+    async def _send_forever(self, shard: _Shard) -> None:
+        last_send = -math.inf
+        while True:
+            await shard.wake.wait()
+            await trio.sleep_until(last_send + self._frame_interval_s)  # under load: one frame per interval
+            last_send = trio.current_time()
+            shard.wake = trio.Event()
+            messages, shard.outbox = shard.outbox, []
+            try:
+                await shard.link.channel.send(messages)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return  # the reader sees the channel end
+
+    def _on_message(self, shard: _Shard, message: Any) -> None:
+        kind = message[0]
+        if kind == "ended":
+            shard.counters = message[2]
+            self._on_ended(shard, message[1])
+        elif kind == "stats":
+            shard.stats = message[1]
+        elif kind == "reply":
+            slot = shard.calls.pop(message[1], None)
+            if slot is not None:
+                slot[1] = (message[2], message[3])
+                slot[0].set()
+        elif kind == "ready":
+            pass
+        else:
+            raise RuntimeError(f"engine shard {shard.index} sent an unknown message {kind!r}")
+
+    def _on_ended(self, shard: _Shard, payload: Any) -> None:
+        for values, trajectory in decode_results(payload):
+            task = shard.inflight.pop(values[0], None)
+            if task is None:  # re-dispatched after this shard was given up, or already ended
+                shard.dropped += 1
+                continue
+            shard.ended += 1
+            result = self._check_staleness(result_record(values, trajectory, task.data))
+            self._buffer._put_now(result, ResultBuffer._rows(result))
+            self._ended(result, was_running=True)
+
+    def _on_shard_death(self, shard: _Shard, why: str) -> None:
+        """Take the dead shard's episodes back (queued again at the head, or failed
+        after ``max_reruns``); if no shard is left, end everything and raise."""
+        if not shard.alive:
+            return
+        shard.alive, shard.exit = False, why
+        self._live.remove(shard)
+        shard.link.kill()  # (a shard whose channel broke may still run: it must not run its episodes twice)
+        for slot in shard.calls.values():
+            slot[1] = (False, ShardsDiedError(f"engine shard {shard.index} died ({why})"))
+            slot[0].set()
+        shard.calls.clear()
+        lost = list(shard.inflight.values())
+        shard.inflight.clear()
+        if not self._live:
+            self._dead_error = ShardsDiedError(
+                "every engine shard died: " + "; ".join(f"shard {s.index} (pid {s.link.pid}) {s.exit}"
+                                                         for s in self._shards))
+        logger.warning("engine shard %d (pid %s) %s; %d episodes in flight there %s", shard.index, shard.link.pid,
+                       why, len(lost), "run again on the other shards" if self._live else "end as failed")
+        again = []
+        for task in lost:
+            del self._running[task.task_id]
+            self._counts["running"] -= 1
+            self._counts["queued"] += 1
+            self._staleness.running -= 1
+            self._reruns[task.task_id] += 1
+            if self._live and self._reruns[task.task_id] <= self._max_reruns:
+                again.append(task)
+                shard.rerun += 1
+            else:
+                self._fail_queued(task, f"engine shard {shard.index} died ({why}) while running it"
+                                  + ("" if not self._live else f", for the {self._reruns[task.task_id]}th time"))
+        self._queue.extendleft(reversed(again))
+        if self._dead_error is not None:
+            while self._queue:
+                task = self._queue.popleft()
+                self._fail_queued(task, "every engine shard died before it ran")
+            self._buffer.wake_consumers()
+            raise self._dead_error
+        self._admit_now()
+
+    def _fail_queued(self, task: Any, why: str) -> None:
+        result = EpisodeResult(task.task_id, "failed", reason="shard_died", error_type="ShardsDiedError",
+                               error_message=why, data=task.data)
+        self._buffer._put_now(result, 0)
+        self._ended(result, was_running=False)
+
+    def _end_dispatched(self) -> None:
+        """At close: episodes still out on shards end as failed (``"cancelled"``); their
+        late results are dropped."""
+        for shard in self._shards:
+            lost = list(shard.inflight.values())
+            shard.inflight.clear()
+            for task in lost:
+                result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
+                                       error_message="the engine closed while the episode ran", data=task.data)
+                self._buffer._put_now(result, 0)
+                self._ended(result, was_running=True)
+
+
+def _task(task_id: int, key: int, data: Any, group_size: int) -> Any:
+    from .._records import Task
+
+    return Task(task_id, key, data, None, group_size)

@@ -1,0 +1,211 @@
+"""``open_sharded_engine``: start N engine shards and the coordinator in front of them."""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from .._gc import gc_tuned
+from ..dump import TrajectoryDumper
+from ..errors import unwrap_single
+from ..executor import EngineConfig
+from ._coordinator import ShardedRolloutEngine, _Shard
+from ._protocol import ShardInit
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["SHARD_BACKENDS", "open_sharded_engine"]
+
+logger = logging.getLogger(f"rollout.{__name__}")
+
+SHARD_BACKENDS = ("process", "ray", "inline")
+
+
+@asynccontextmanager
+async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, *, shards: int = 2,
+                              shard_backend: str | None = None, ray_address: str | None = None,
+                              tokenizer: Any = None, start_timeout_s: float = 600.0, max_reruns: int = 2,
+                              stats_interval_s: float = 0.5, frame_interval_s: float = 0.005,
+                              ray_num_cpus: float = 1.0,
+                              record_admissions: bool = False) -> AsyncIterator[ShardedRolloutEngine]:
+    """Open a :class:`~engine.shards.ShardedRolloutEngine`: ``shards`` engine processes,
+    each with its own trio loop, backend client and reward pool (the ``reward_*``
+    settings of ``config``, per shard), behind one coordinator in this process that
+    owns the version, the global staleness budget and the accounting.
+
+    ``config`` means what it means for :func:`~engine.executor.open_rollout_engine`,
+    for the whole engine: ``max_concurrent_rollouts``, ``consumer_batch_size`` and
+    ``max_head_offpolicyness`` bound the sum over shards; dumps and the failure
+    breaker are the coordinator's.
+
+    Args:
+        backend: what each shard generates with: an *unopened* picklable
+            :class:`~engine.backends.base.InferenceBackend` (each shard gets its own
+            copy: a ``SimBackend``, a remote client), or a picklable zero-argument
+            callable that builds one in the shard (e.g. ``functools.partial(HFBackend,
+            path, tok)``: one model per shard).
+        shards: number of engine shards (>= 1).
+        shard_backend: ``"process"`` (local processes talking over pipes; the default),
+            ``"ray"`` (Ray actors; the default when ``ray_address`` is given), or
+            ``"inline"`` (in this trio loop, no parallelism: tests and debugging).
+        ray_address: the Ray cluster of ``shard_backend="ray"``; None: the Ray this
+            process has initialised, else a local one (``ray.init()``).
+        tokenizer: used only to decode text in trajectory dumps.
+        start_timeout_s: seconds each shard may take to open its backend and reward pool.
+        max_reruns: times an episode is run again after its shard died before it
+            ends as failed (reason ``"shard_died"``).
+        stats_interval_s: how often shards send their engine statistics.
+        frame_interval_s: under load, each side sends at most one frame per this
+            many seconds (what is queued meanwhile joins it; an idle side sends at
+            once): fewer, larger frames for at most this much added latency per hop.
+        ray_num_cpus: Ray CPUs each shard actor holds.
+        record_admissions: keep an :class:`~engine.shards.AdmissionRecord` per
+            admission in ``engine.admission_log`` (tests, audits; memory grows).
+
+    Raises:
+        ValueError: ``shards < 1``, an unknown ``shard_backend``, or ``backend``
+            cannot be pickled (the message names it).
+        RuntimeError: a shard did not start (how it ended; its stderr is this
+            process's), or Ray is missing for ``shard_backend="ray"``.
+        ShardsDiedError: every shard died while the engine was open (names each).
+    """
+    config = config or EngineConfig()
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards must be an int >= 1, got {shards!r}")
+    kind = shard_backend or ("ray" if ray_address is not None else "process")
+    if kind not in SHARD_BACKENDS:
+        raise ValueError(f"shard_backend must be one of {SHARD_BACKENDS}, got {shard_backend!r}")
+    if max_reruns < 0:
+        raise ValueError(f"max_reruns must be >= 0, got {max_reruns}")
+    for name, value in (("stats_interval_s", stats_interval_s), ("frame_interval_s", frame_interval_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    try:
+        pickle.dumps(backend, protocol=5)
+    except Exception as exc:
+        raise ValueError(f"open_sharded_engine: backend ({type(backend).__name__}) cannot be pickled, and each "
+                         f"shard needs its own copy; pass a picklable factory instead: {exc}") from exc
+    dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
+    init = {"config": config, "backend": backend, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
+            "frame_interval_s": frame_interval_s}
+    options = {"kind": kind, "ray_address": ray_address, "ray_num_cpus": ray_num_cpus, "shards": shards,
+               "start_timeout_s": start_timeout_s}
+    try:
+        with gc_tuned(config.gc_tuning):
+            async with _open(init, options, dumper, max_reruns, record_admissions) as engine:
+                yield engine
+    except BaseExceptionGroup as group:
+        single = unwrap_single(group)
+        if single is group:
+            raise
+    else:
+        return
+    raise single
+
+
+@asynccontextmanager
+async def _open(init: dict[str, Any], options: dict[str, Any], dumper: TrajectoryDumper | None, max_reruns: int,
+                record_admissions: bool) -> AsyncIterator[ShardedRolloutEngine]:
+    async with trio.open_nursery() as services:
+        if dumper is not None:
+            await services.start(dumper.run)
+        try:
+            shards, ray_context = await _start_all(init, options, services)
+            try:
+                async with trio.open_nursery() as nursery:
+                    engine = ShardedRolloutEngine(nursery, shards, init["config"], dumper=dumper,
+                                                  max_reruns=max_reruns, record_admissions=record_admissions,
+                                                  frame_interval_s=init["frame_interval_s"])
+                    for shard in shards:
+                        nursery.start_soon(engine._serve_shard, shard, name=f"engine-shard-{shard.index}")
+                    nursery.start_soon(engine._admit_forever, name="admission")
+                    try:
+                        yield engine
+                    finally:
+                        engine._close()
+                        engine._end_dispatched()
+                        nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _close_all(shards, ray_context)
+        finally:
+            if dumper is not None:
+                dumper.close()
+
+
+async def _start_all(init: dict[str, Any], options: dict[str, Any],
+                     services: trio.Nursery) -> tuple[list[_Shard], Any]:
+    """Start every shard concurrently; if one fails, stop the others and raise."""
+    links: list[Any] = [None] * options["shards"]
+    ray_context = None
+    if options["kind"] == "ray":
+        from ._ray_shard import RayShards
+
+        ray_context = await RayShards.connect(options["ray_address"], options["shards"], options["ray_num_cpus"],
+                                              options["start_timeout_s"])
+
+    async def start(index: int) -> None:
+        link: Any
+        if ray_context is not None:
+            link = await ray_context.start(index)
+        elif options["kind"] == "inline":
+            from ._inline import start_inline_shard
+
+            link = await start_inline_shard(index, services)
+        else:
+            from ._local import start_local_shard
+
+            link = await start_local_shard(index)
+        links[index] = link
+        await link.channel.send([("init", ShardInit(index=index, **init))])
+        with trio.move_on_after(options["start_timeout_s"]) as scope:
+            first = await link.channel.receive()
+        if scope.cancelled_caught:
+            raise RuntimeError(f"engine shard {index} did not start within {options['start_timeout_s']} s")
+        if not first or first[0][0] != "ready":
+            reason = await link.exit_reason()
+            raise RuntimeError(f"engine shard {index} (pid {link.pid}) {reason} before it was ready "
+                               "(its error is on this process's stderr)")
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in range(options["shards"]):
+                nursery.start_soon(start, i)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await _close_links([link for link in links if link is not None], grace_s=0.0)
+            if ray_context is not None:
+                await ray_context.aclose()
+        raise
+    return [_Shard(i, link) for i, link in enumerate(links)], ray_context
+
+
+async def _close_all(shards: list[_Shard], ray_context: Any) -> None:
+    async def say_close(shard: _Shard) -> None:
+        with trio.move_on_after(2.0):
+            try:
+                await shard.link.channel.send([("close",)])
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    async with trio.open_nursery() as nursery:
+        for shard in shards:
+            if shard.alive:
+                nursery.start_soon(say_close, shard)
+    await _close_links([s.link for s in shards], grace_s=10.0)
+    if ray_context is not None:
+        await ray_context.aclose()
+
+
+async def _close_links(links: list[Any], grace_s: float) -> None:
+    async with trio.open_nursery() as nursery:
+        for link in links:
+            nursery.start_soon(link.aclose, grace_s)

@@ -212,3 +212,12 @@ def text_digest(prompt, completions, prompt_ids, completion_ids, **data) -> floa
 async def async_text_digest(prompt, completions, prompt_ids, completion_ids, **data) -> float:
     """:func:`text_digest`, in-process (an ``async def`` reward)."""
     return text_digest(prompt, completions, prompt_ids, completion_ids, **data)
+
+
+def slow_init_worker() -> None:
+    """A worker start as slow as a spawn worker re-importing a training script's
+    ``__main__`` (torch, transformers): 3 s, then the pool's real init hook."""
+    from rewards import _worker
+
+    time.sleep(3.0)
+    _worker.init_worker()

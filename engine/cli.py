@@ -254,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _done_line(summary: dict[str, Any]) -> str:
-    """The line a finished run prints: accepted of submitted (episodes a killed
-    segment lost were submitted again: said, so that they do not read as failures)."""
-    lost = summary.get("lost") or 0
-    again = f" ({lost} lost by an interrupted segment and run again)" if lost else ""
+    """The line a finished run prints: accepted of submitted (episodes an interrupted
+    segment cancelled or lost were submitted again: said, so that they do not read as
+    failures)."""
+    again_n = (summary.get("lost") or 0) + (summary.get("cancelled") or 0)
+    again = f" ({again_n} interrupted and run again)" if again_n else ""
     return (
         f"{summary['accepted']}/{summary['submitted']} episodes accepted{again}, {summary['trajectories']} "
         f"trajectories, reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "

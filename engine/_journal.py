@@ -95,7 +95,8 @@ def resolve_resume_options(args: Any, explicit: AbstractSet[str]) -> None:
         raise ValueError(f"--resume {out} and --out {args.out} name different folders (--resume writes into its own)")
     args.out = out
     try:
-        saved = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))["options"]
+        run = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
+        saved = run["options"]
     except FileNotFoundError:
         raise ValueError(f"--resume {out}: no run to resume there (no {RUN_FILE})") from None
     except (ValueError, KeyError, TypeError) as exc:
@@ -104,10 +105,26 @@ def resolve_resume_options(args: Any, explicit: AbstractSet[str]) -> None:
         if name not in saved:
             continue
         if name in explicit and getattr(args, name) != saved[name]:
-            given, run = ("(unset)" if v is None else v for v in (getattr(args, name), saved[name]))
-            raise ValueError(f"--resume {out}: {_flag(name)} {given} differs from the run's {_flag(name)} {run} "
+            given, then = ("(unset)" if v is None else v for v in (getattr(args, name), saved[name]))
+            raise ValueError(f"--resume {out}: {_flag(name)} {given} differs from the run's {_flag(name)} {then} "
                              "(it would change the items or what they mean)")
-        setattr(args, name, saved[name])
+        setattr(args, name, _from_run_cwd(saved[name], run.get("cwd")) if name in _PATH_OPTIONS else saved[name])
+
+
+#: Locked options that may name a file relative to the directory the run was started from.
+_PATH_OPTIONS = ("dataset", "model", "reward", "workflow")
+
+
+def _from_run_cwd(value: Any, cwd: Any) -> Any:
+    """``value`` (a path, or ``path.py:name``) made absolute against the run's start
+    directory ``cwd`` when it is relative and exists there, so that ``--resume``
+    works from any directory; anything else (builtin:..., a module, a hub id) as is."""
+    if not isinstance(value, str) or not isinstance(cwd, str) or not value:
+        return value
+    path, sep, name = value.rpartition(":") if value.rpartition(":")[0].endswith(".py") else (value, "", "")
+    if Path(path).is_absolute() or not (Path(cwd) / path).exists():
+        return value
+    return f"{Path(cwd) / path}{sep}{name}"
 
 
 def fingerprint(items: list[Any]) -> str:
@@ -311,7 +328,7 @@ def open_run_dir(out: Path, options: dict[str, Any], items: list[Any], *, resume
                                      f"done); continue it with --resume {out}, or choose another --out")
             _clear_outputs(out)
             write_json_atomic(out / RUN_FILE, {"format": 1, "options": options, "n_items": len(items),
-                                               "fingerprint": fingerprint(items)})
+                                               "fingerprint": fingerprint(items), "cwd": os.getcwd()})
             for name in (JOURNAL, ROLLOUTS):
                 (out / name).write_bytes(b"")
             (out / TRAJECTORIES).mkdir()

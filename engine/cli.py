@@ -245,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
         print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
         return 1
-    print(
-        f"{summary['accepted']}/{summary['submitted']} episodes accepted, {summary['trajectories']} trajectories, "
-        f"reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "
-        f"{summary['wall_seconds']:.1f} s ({summary['generated_tokens_per_second']:.1f} tok/s)"
-    )
+    print(_done_line(summary))
     print(f"wrote {out / 'trajectories'}/ , {out / 'rollouts.jsonl'} , {out / 'summary.json'}")
     fallbacks, rows = summary.get("reward_fallbacks", 0), summary["trajectories"]
     if fallbacks and fallbacks >= rows:  # every reward is the timeout fallback: nothing real to train on
@@ -260,6 +256,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: warning: {fallbacks} of {rows} rewards are the timeout fallback (0.0, flagged "
               "reward_is_fallback)", file=sys.stderr)
     return 0
+
+
+def _done_line(summary: dict[str, Any]) -> str:
+    """The line a finished run prints: accepted of submitted (episodes an interrupted
+    segment cancelled or lost were submitted again: said, so that they do not read as
+    failures)."""
+    again_n = (summary.get("lost") or 0) + (summary.get("cancelled") or 0)
+    again = f" ({again_n} interrupted and run again)" if again_n else ""
+    return (
+        f"{summary['accepted']}/{summary['submitted']} episodes accepted{again}, {summary['trajectories']} "
+        f"trajectories, reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "
+        f"{summary['wall_seconds']:.1f} s ({summary['generated_tokens_per_second']:.1f} tok/s)"
+    )
 
 
 def _one_line(exc: BaseException | str) -> str:

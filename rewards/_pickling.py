@@ -82,12 +82,15 @@ def check_signature(fn: Any, name: str, data: dict[str, Any]) -> None:
 
 
 def describe_fn(fn: Any) -> str:
-    """``module.qualname`` of a function, or of an instance's class; ``repr`` otherwise."""
+    """``module.qualname`` of a function, or of an instance's class (``path.py:qualname``
+    for one loaded from a file); ``repr`` otherwise."""
     target = fn if hasattr(fn, "__qualname__") else type(fn)  # an instance: its class
     qualname = getattr(target, "__qualname__", None)
     if qualname is None:
         return repr(fn)
     module = getattr(target, "__module__", None)
+    if isinstance(module, str) and module.endswith(".py"):  # loaded from a file: its import string, path:name
+        return f"{module}:{qualname}"
     return f"{module}.{qualname}" if module else qualname
 
 

@@ -19,8 +19,10 @@ Where we differ from AReaL (**ours**):
   #1426, verl #6673).  Other calls keep flowing while one hangs.
 * A worker that dies (``os._exit``, segfault, OOM kill) affects only the call it
   was running; that call is retried on a fresh worker.
-* The timeout covers one attempt's execution (including starting a fresh worker
-  process, about 0.2-1 s for "spawn"), not the wait for a free worker.
+* The timeout covers one attempt's execution, not the wait for a free worker nor
+  the start of a fresh worker process (a "spawn" worker re-imports the parent's
+  ``__main__``: seconds for a training script that imports torch; see
+  :mod:`rewards._slots`).
 * Fallbacks are flagged (:attr:`RewardOutcome.is_fallback`), counted
   (:meth:`RewardPool.statistics`) and can be collected per episode
   (:func:`~rewards.collect_reward_outcomes`).

@@ -10,6 +10,13 @@ replaces it at the next job.  Both the pool's unbatched attempts
 (:mod:`rewards._attempts`) and the batcher (:mod:`rewards._batch`) run their
 jobs here; the Ray pool replaces :meth:`~WorkerSlots.run_job` with Ray actors
 (:mod:`rewards._ray_pool`).
+
+Starting a worker process is not timed (as for Ray actors): when no idle worker
+is left, :meth:`WorkerSlots.run_job` first starts one with a no-op job under
+:data:`WORKER_START_TIMEOUT_S`.  A "spawn" worker re-imports the parent's
+``__main__`` module (a training script importing torch and transformers: seconds
+on a busy CPU), so timing the start made a short timeout kill every fresh
+worker before its first call, forever.
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ import trio_parallel
 
 from ._stats import Counters
 
-__all__ = ["JobTimeout", "WorkerSlots"]
+__all__ = ["WORKER_START_TIMEOUT_S", "JobTimeout", "WorkerSlots"]
+
+#: Seconds a fresh worker process may take to start (not part of any call's timeout).
+WORKER_START_TIMEOUT_S = 120.0
 
 
 class JobTimeout(Exception):
@@ -97,6 +107,8 @@ class WorkerSlots:
         """
         assert self._ctx is not None, "WorkerSlots without a context must override run_job"
         counters = self.counters
+        if self._ctx.statistics().idle_workers == 0:  # the job would start a worker: start it untimed
+            await self._start_worker()
         try:
             with trio.move_on_after(timeout) as scope:
                 return await self._ctx.run_sync(function, *args, kill_on_cancel=True, limiter=self._unlimited)
@@ -109,6 +121,31 @@ class WorkerSlots:
         assert scope.cancelled_caught
         counters.workers_killed += 1
         raise JobTimeout
+
+    async def _start_worker(self) -> None:
+        """Start a worker with a no-op job, so the next job (no schedule point in
+        between: trio-parallel reuses workers LIFO) runs on it already started.
+
+        Raises:
+            trio_parallel.BrokenWorkerError: it died, or did not start within
+                :data:`WORKER_START_TIMEOUT_S` (then it was killed).
+        """
+        assert self._ctx is not None
+        counters = self.counters
+        try:
+            with trio.move_on_after(WORKER_START_TIMEOUT_S) as scope:
+                await self._ctx.run_sync(int, kill_on_cancel=True, limiter=self._unlimited)
+        except trio.Cancelled:
+            counters.workers_killed += 1
+            raise
+        except trio_parallel.BrokenWorkerError:
+            counters.worker_deaths += 1
+            raise
+        if scope.cancelled_caught:
+            counters.workers_killed += 1
+            raise trio_parallel.BrokenWorkerError(
+                f"a reward worker process did not start within {WORKER_START_TIMEOUT_S} s"
+            )
 
     def worker_counts(self) -> tuple[int, int]:
         """``(running, idle)`` worker processes now; ``(0, 0)`` once closed."""

@@ -1,0 +1,30 @@
+"""The line ``rollout run`` prints at the end (``engine.cli._done_line``).
+
+Regression: after ``kill -9`` and ``--resume``, the line read "32/48 episodes
+accepted" for a run whose 32 items all ended accepted: the 16 episodes the killed
+segment had not committed (``lost``, run again) looked like 16 failures; the same
+for the episodes a SIGINT cancelled (``cancelled``).
+"""
+
+from __future__ import annotations
+
+from engine.cli import _done_line
+
+BASE = {"accepted": 32, "submitted": 48, "trajectories": 64, "reward_mean": 0.5, "generated_tokens": 1090,
+        "wall_seconds": 2.7, "generated_tokens_per_second": 408.0}
+
+
+def test_lost_episodes_are_named() -> None:
+    line = _done_line({**BASE, "lost": 16, "cancelled": 0})
+    assert line.startswith("32/48 episodes accepted (16 interrupted and run again), 64 trajectories")
+
+
+def test_cancelled_episodes_of_an_interrupted_segment_are_named() -> None:  # SIGINT, then --resume
+    line = _done_line({**BASE, "submitted": 57, "lost": 0, "cancelled": 25})
+    assert line.startswith("32/57 episodes accepted (25 interrupted and run again), 64 trajectories")
+
+
+def test_no_lost_no_note() -> None:
+    line = _done_line({**BASE, "submitted": 32, "lost": 0, "cancelled": 0})
+    assert line == ("32/32 episodes accepted, 64 trajectories, reward mean 0.500, 1090 tokens in 2.7 s "
+                    "(408.0 tok/s)")

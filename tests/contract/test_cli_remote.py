@@ -79,14 +79,18 @@ RUN = ["run", "--backend", "sglang", "--dataset", "builtin:arith:3", "--n-sample
 
 
 class SlowToStart(FakeSGLang):
-    """Answers 503 on /health for its first ``delay_s`` seconds (a server loading its model)."""
+    """Answers 503 on /health for ``delay_s`` seconds from the first probe (a server
+    loading its model; counted from the probe, so a slow CLI import cannot eat into it)."""
 
     def __init__(self, model_path, delay_s):
         super().__init__()
         self.model_path = model_path
-        self.ready_at = time.monotonic() + delay_s
+        self.delay_s = delay_s
+        self.ready_at = None
 
     async def handle(self, request):
+        if request.path == "/health" and self.ready_at is None:
+            self.ready_at = time.monotonic() + self.delay_s
         if request.path == "/health" and time.monotonic() < self.ready_at:
             return HTTPResponse(503, b"loading")
         return await super().handle(request)

@@ -119,8 +119,11 @@ def main() -> int:
              f"~{base.sim.out_len_median} tokens, tokenizer {results[0].get('tokenizer', base.tokenizer)}, "
              f"median of {args.repeats}")
     print(format_table(results, title=title, label="scenario"))
-    print(f"targets: CPU/episode ours/AReaL = {check['cpu_per_episode_vs_areal']} (each repeat "
-          f"{check['cpu_per_episode_vs_areal_runs']}; all <= 0.25: {check['cpu_per_episode_vs_areal_ok']}); "
+    vs_areal = (f"CPU/episode ours/AReaL = {check['cpu_per_episode_vs_areal']} (each repeat "
+                f"{check['cpu_per_episode_vs_areal_runs']}; all <= 0.25: {check['cpu_per_episode_vs_areal_ok']})"
+                if check["cpu_per_episode_vs_areal"] is not None
+                else "CPU/episode ours/AReaL: not measured (the AReaL side was skipped: `make areal-peer`)")
+    print(f"targets: {vs_areal}; "
           f"efficiency at 50 ms + 2 ms/token = {check['efficiency_at_latency']} (repeats "
           f"{check['efficiency_at_latency_runs']}; >= 0.97: {check['efficiency_at_latency_ok']})")
     for scenario, g in check["gc_tuning"].items():

@@ -165,11 +165,16 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any],
 
             link = await start_local_shard(index)
         links[index] = link
-        await link.channel.send([("init", ShardInit(index=index, **init))])
-        with trio.move_on_after(options["start_timeout_s"]) as scope:
-            first = await link.channel.receive()
-        if scope.cancelled_caught:
-            raise RuntimeError(f"engine shard {index} did not start within {options['start_timeout_s']} s")
+        first: list[Any] | None = None
+        try:  # a shard that dies before reading ``init`` breaks the pipe: say how it ended, below
+            await link.channel.send([("init", ShardInit(index=index, **init))])
+            with trio.move_on_after(options["start_timeout_s"]) as scope:
+                first = await link.channel.receive()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        else:
+            if scope.cancelled_caught:
+                raise RuntimeError(f"engine shard {index} did not start within {options['start_timeout_s']} s")
         if not first or first[0][0] != "ready":
             reason = await link.exit_reason()
             raise RuntimeError(f"engine shard {index} (pid {link.pid}) {reason} before it was ready "

@@ -313,3 +313,27 @@ def test_results_round_trip_through_a_frame_in_columns():
                 assert a.trajectory[k].dtype == b.trajectory[k].dtype and torch.equal(a.trajectory[k], b.trajectory[k])
     got[0].trajectory["input_ids"][0, 0] = 7  # writable views, each its own
     assert got[2].trajectory["input_ids"][0, 0] == 0 and got[3].data == 3
+
+
+@pytest.mark.slow
+async def test_a_shard_that_dies_before_reading_init_is_named_not_a_broken_pipe(monkeypatch):
+    """Regression: a shard SIGKILLed during start-up (before it read ``init``) broke the
+    coordinator's pipe write, and ``rollout run --shards`` died with a bare BrokenResourceError."""
+    import sys
+
+    from engine.shards import _local
+
+    async def dead_on_arrival(index):
+        r, w = os.pipe()
+        os.close(w)
+        process = await trio.lowlevel.open_process([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+        await process.wait()  # gone before init is sent: the write end has no reader
+        rr, ww = os.pipe()
+        os.close(rr)
+        return _local.LocalShardLink(process, _local.FrameStream(trio.lowlevel.FdStream(ww),
+                                                                 trio.lowlevel.FdStream(r)))
+
+    monkeypatch.setattr(_local, "start_local_shard", dead_on_arrival)
+    with pytest.raises(RuntimeError, match=r"engine shard 0 \(pid \d+\) killed by SIGKILL before it was ready"):
+        async with open_sharded_engine(sim(), EngineConfig(), shards=1):
+            pass

@@ -364,17 +364,19 @@ async def test_shards_failing_to_start_together_are_one_error_naming_each(monkey
     from engine.shards import _local
     from engine.shards._open import ShardStartError
 
-    spawned = []
-    all_spawned = trio.Event()
+    together = trio.Event()
 
     async def fails_with_the_other(index):
-        spawned.append(index)
-        if len(spawned) == 2:
-            all_spawned.set()
-        await all_spawned.wait()  # both raise in the same scheduling batch
+        await together.wait()  # both wake in the same scheduling batch and raise without a checkpoint
         raise ShardStartError(f"engine shard {index} (pid 0) exited with status 1 before it was ready")
 
+    async def open_it():
+        with pytest.raises(ShardStartError, match=r"^engine shard \d .*before it was ready; engine shard \d .*ready$"):
+            async with open_sharded_engine(sim(), EngineConfig(), shards=2):
+                pass
+
     monkeypatch.setattr(_local, "start_local_shard", fails_with_the_other)
-    with pytest.raises(ShardStartError, match=r"^engine shard \d .*before it was ready; engine shard \d .*ready$"):
-        async with open_sharded_engine(sim(), EngineConfig(), shards=2):
-            pass
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(open_it)
+        await trio.testing.wait_all_tasks_blocked()
+        together.set()

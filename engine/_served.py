@@ -49,10 +49,9 @@ async def open_remote_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[
         await backend.wait_ready()
         served = await backend.served_models()
         model, tokenizer = await trio.to_thread.run_sync(choose_tokenizer, args.model, served)
-    except BaseException:
+    finally:  # drop the probe's HTTP client (reopened on first use): an idle backend pickles, for --shards
         with trio.CancelScope(shield=True):
             await backend.aclose()
-        raise
     used = {"model": model, "tokenizer": str(getattr(tokenizer, "name_or_path", model)),
             "servers": list(args.server), "served_models": served}
     return tokenizer, backend, used

@@ -14,7 +14,7 @@ import trio
 
 from .._gc import gc_tuned
 from ..dump import TrajectoryDumper
-from ..errors import unwrap_single
+from ..errors import RolloutError, unwrap_single
 from ..executor import EngineConfig
 from ._coordinator import ShardedRolloutEngine, _Shard
 from ._protocol import ShardInit
@@ -22,7 +22,12 @@ from ._protocol import ShardInit
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["SHARD_BACKENDS", "open_sharded_engine"]
+__all__ = ["SHARD_BACKENDS", "ShardStartError", "open_sharded_engine"]
+
+
+class ShardStartError(RolloutError, RuntimeError):
+    """A shard did not start (a ``RuntimeError``, as before; a ``RolloutError`` so that
+    ``rollout run`` reports it in one line)."""
 
 logger = logging.getLogger(f"rollout.{__name__}")
 
@@ -73,7 +78,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     Raises:
         ValueError: ``shards < 1``, an unknown ``shard_backend``, or ``backend``
             cannot be pickled (the message names it).
-        RuntimeError: a shard did not start (how it ended; its stderr is this
+        ShardStartError: (a ``RuntimeError``) a shard did not start (how it ended; its stderr is this
             process's), or Ray is missing for ``shard_backend="ray"``.
         ShardsDiedError: every shard died while the engine was open (names each).
     """
@@ -165,27 +170,40 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any],
 
             link = await start_local_shard(index)
         links[index] = link
-        await link.channel.send([("init", ShardInit(index=index, **init))])
-        with trio.move_on_after(options["start_timeout_s"]) as scope:
-            first = await link.channel.receive()
-        if scope.cancelled_caught:
-            raise RuntimeError(f"engine shard {index} did not start within {options['start_timeout_s']} s")
+        first: list[Any] | None = None
+        try:  # a shard that dies before reading ``init`` breaks the pipe: say how it ended, below
+            await link.channel.send([("init", ShardInit(index=index, **init))])
+            with trio.move_on_after(options["start_timeout_s"]) as scope:
+                first = await link.channel.receive()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        else:
+            if scope.cancelled_caught:
+                raise ShardStartError(f"engine shard {index} did not start within {options['start_timeout_s']} s")
         if not first or first[0][0] != "ready":
             reason = await link.exit_reason()
-            raise RuntimeError(f"engine shard {index} (pid {link.pid}) {reason} before it was ready "
+            raise ShardStartError(f"engine shard {index} (pid {link.pid}) {reason} before it was ready "
                                "(its error is on this process's stderr)")
 
     try:
         async with trio.open_nursery() as nursery:
             for i in range(options["shards"]):
                 nursery.start_soon(start, i)
-    except BaseException:
+    except BaseException as exc:
         with trio.CancelScope(shield=True):
             await _close_links([link for link in links if link is not None], grace_s=0.0)
             if ray_context is not None:
                 await ray_context.aclose()
+        if isinstance(exc, BaseExceptionGroup):  # several shards failed to start: one error naming each
+            starts, rest = exc.split(ShardStartError)
+            if starts is not None and rest is None:
+                raise ShardStartError("; ".join(str(e) for e in _leaves(starts))) from exc
         raise
     return [_Shard(i, link) for i, link in enumerate(links)], ray_context
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
 async def _close_all(shards: list[_Shard], ray_context: Any) -> None:

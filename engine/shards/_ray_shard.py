@@ -203,8 +203,10 @@ class RayShards:
             with trio.fail_after(self._start_timeout_s):
                 link.pid = await await_ref(self._ray, actor.pid.remote())
         except trio.TooSlowError:
+            from ._open import ShardStartError
+
             link.kill()
-            raise RuntimeError(f"the Ray actor of engine shard {index} did not start within "
+            raise ShardStartError(f"the Ray actor of engine shard {index} did not start within "
                                f"{self._start_timeout_s} s (does the cluster have {self._num_cpus} CPUs free?)") from None
         except BaseException:
             link.kill()

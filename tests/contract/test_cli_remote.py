@@ -194,3 +194,15 @@ def test_choose_tokenizer_matches_names_and_vocabularies(tiny, tmp_path):
     other = build_tiny_model(tmp_path / "tiny-model", arch="qwen2")  # same folder name, another tokenizer
     with pytest.raises(InvalidRequestError, match="its tokenizer differs"):
         choose_tokenizer(tiny, {a: other})
+
+
+def test_a_remote_run_with_shards_pickles_the_probed_backend(tiny, tmp_path, capsys):
+    """Regression: ``rollout run --backend sglang|vllm --shards 2`` refused the backend it had
+    probed at start-up ("cannot be pickled ... _thread.RLock": its open HTTP client)."""
+    fake = FakeSGLang()
+    fake.model_path = tiny
+    out = tmp_path / "out"
+    with serving(fake.handle) as url:
+        code, _, err = _cli([*RUN, "--server", url, "--shards", "2", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert _strict_json((out / "summary.json").read_text())["accepted"] == 3

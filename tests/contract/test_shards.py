@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 
 import pytest
@@ -313,3 +314,69 @@ def test_results_round_trip_through_a_frame_in_columns():
                 assert a.trajectory[k].dtype == b.trajectory[k].dtype and torch.equal(a.trajectory[k], b.trajectory[k])
     got[0].trajectory["input_ids"][0, 0] = 7  # writable views, each its own
     assert got[2].trajectory["input_ids"][0, 0] == 0 and got[3].data == 3
+
+
+async def _dead_on_arrival(index):
+    """A stand-in for ``start_local_shard``: a shard process SIGKILLed before it read ``init``."""
+    import sys
+
+    from engine.shards import _local
+
+    r, w = os.pipe()
+    os.close(w)
+    process = await trio.lowlevel.open_process([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+    with trio.CancelScope(shield=True):  # (reaped even when another shard's failure cancels this start)
+        await process.wait()  # gone before init is sent: the write end has no reader
+    rr, ww = os.pipe()
+    os.close(rr)
+    return _local.LocalShardLink(process, _local.FrameStream(trio.lowlevel.FdStream(ww), trio.lowlevel.FdStream(r)))
+
+
+@pytest.mark.slow
+async def test_a_shard_that_dies_before_reading_init_is_named_not_a_broken_pipe(monkeypatch):
+    """Regression: a shard SIGKILLed during start-up (before it read ``init``) broke the
+    coordinator's pipe write, and ``rollout run --shards`` died with a bare BrokenResourceError."""
+    from engine.shards import _local
+
+    monkeypatch.setattr(_local, "start_local_shard", _dead_on_arrival)
+    with pytest.raises(RuntimeError, match=r"engine shard 0 \(pid \d+\) killed by SIGKILL before it was ready"):
+        async with open_sharded_engine(sim(), EngineConfig(), shards=1):
+            pass
+
+
+@pytest.mark.slow
+def test_rollout_run_reports_a_shard_that_did_not_start_in_one_line(tmp_path, capsys, monkeypatch):
+    """Regression: the start-up RuntimeError reached the terminal as a traceback."""
+    from conftest import run_cli
+    from engine.shards import _local
+
+    monkeypatch.setattr(_local, "start_local_shard", _dead_on_arrival)
+    code, _, err = run_cli(["run", "--backend", "sim", "--shards", "2", "--dataset", "builtin:arith:3", "--quiet",
+                            "--out", str(tmp_path / "o")], capsys)
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert re.search(r"^rollout: error: engine shard \d \(pid \d+\) killed by SIGKILL before it was ready", err, re.M)
+
+
+async def test_shards_failing_to_start_together_are_one_error_naming_each(monkeypatch):
+    """Regression: shards that failed to start in the same moment surfaced as an
+    ExceptionGroup (a traceback in ``rollout run``), not as one error."""
+    from engine.shards import _local
+    from engine.shards._open import ShardStartError
+
+    together = trio.Event()
+
+    async def fails_with_the_other(index):
+        await together.wait()  # both wake in the same scheduling batch and raise without a checkpoint
+        raise ShardStartError(f"engine shard {index} (pid 0) exited with status 1 before it was ready")
+
+    async def open_it():
+        with pytest.raises(ShardStartError, match=r"^engine shard \d .*before it was ready; engine shard \d .*ready$"):
+            async with open_sharded_engine(sim(), EngineConfig(), shards=2):
+                pass
+
+    monkeypatch.setattr(_local, "start_local_shard", fails_with_the_other)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(open_it)
+        await trio.testing.wait_all_tasks_blocked()
+        together.set()

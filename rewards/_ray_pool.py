@@ -226,11 +226,37 @@ def local_job_config(ray: Any) -> Any:
     return ray.job_config.JobConfig(code_search_path=[p for p in dict.fromkeys(paths) if os.path.isdir(p)])
 
 
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a Ray address nothing listens on: ``ray.init`` retries such an
+    address for minutes, in a thread a signal cannot interrupt.  ``"auto"`` and
+    addresses without a port are left to Ray.
+
+    Raises:
+        ConnectionError: no TCP connection to ``host:port`` within ``timeout_s`` seconds.
+    """
+    import socket
+
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"ray address {address!r}: cannot connect to {host}:{port} ({exc}); start the "
+                              "cluster with `ray start --head` or pass the address it printed") from None
+
+
 def _init_ray(ray: Any, address: str | None, num_cpus: float) -> bool:
-    """Initialise Ray unless it is; True if this call started it."""
+    """Initialise Ray unless it is; True if this call started it.
+
+    Raises:
+        ConnectionError: ``address`` is unreachable (:func:`check_ray_address`).
+    """
     if ray.is_initialized():
         return False
     if address is not None:
+        check_ray_address(address)
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, job_config=local_job_config(ray))

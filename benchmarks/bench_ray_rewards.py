@@ -75,7 +75,8 @@ async def _main(args: argparse.Namespace) -> list[dict[str, Any]]:
     import trio
 
     from rewards import open_reward_pool
-    from rewards._ray_pool import local_job_config, open_ray_reward_pool
+    from engine.ray_cluster import local_job_config
+    from rewards import open_ray_reward_pool
 
     fn = _module().trivial
     await trio.to_thread.run_sync(lambda: ray.init(

@@ -48,7 +48,7 @@ class EngineConfig:
             waits (at most ``reward_batch_size``, and ~20 ms of measured reward
             work, so slow rewards run alone); ``reward_batch_size=1`` turns it off.
         reward_backend: ``"local"`` (worker processes of this machine) or ``"ray"``
-            (Ray actors, :func:`rewards._ray_pool.open_ray_reward_pool`; needs the
+            (Ray actors, :func:`rewards.open_ray_reward_pool`; needs the
             ``ray`` extra; ``reward_worker_type`` is then unused).
         reward_ray_address: the Ray cluster of ``reward_backend="ray"``; None: the
             Ray this process already initialised, else a local one.

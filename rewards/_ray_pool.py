@@ -36,8 +36,6 @@ module must be importable in the workers (installed, or a Ray runtime env).
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -46,6 +44,7 @@ import trio
 import trio_parallel
 
 from engine.errors import RewardError
+from engine.ray_cluster import await_ref, import_ray as _import_ray, init_ray as _init_ray
 
 from . import _worker
 from ._options import RewardPoolOptions
@@ -116,31 +115,6 @@ class _RayActors:
         for actor in self.idle:
             self.kill(actor)
         self.idle.clear()
-
-
-async def await_ref(ray: Any, ref: Any) -> Any:
-    """``ray.get(ref)`` in a thread, never blocking trio; a cancelled wait abandons the thread
-    (the caller kills the actor, which ends that ``ray.get``)."""
-    return await trio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True, limiter=_THREADS)
-
-
-class _Unbounded:
-    """Thread limiter: the pool's own worker slots bound the waits already."""
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        return None
-
-    async def acquire_on_behalf_of(self, borrower: object) -> None:
-        return None
-
-    def release_on_behalf_of(self, borrower: object) -> None:
-        return None
-
-
-_THREADS: Any = _Unbounded()
 
 
 class RaySlots(WorkerSlots):
@@ -217,60 +191,6 @@ class RayRewardPool(RewardPool):
     def actors_started(self) -> int:
         """Ray actors created over the pool's life."""
         return self._slots.actors.started
-
-
-def local_job_config(ray: Any) -> Any:
-    """A ``JobConfig`` whose workers search this process's ``sys.path`` for code (the
-    reward's module, ``rewards``): a local Ray's workers do not inherit it otherwise."""
-    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-    return ray.job_config.JobConfig(code_search_path=[p for p in dict.fromkeys(paths) if os.path.isdir(p)])
-
-
-def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a Ray address nothing listens on: ``ray.init`` retries such an
-    address for minutes, in a thread a signal cannot interrupt.  ``"auto"`` and
-    addresses without a port are left to Ray.
-
-    Raises:
-        ConnectionError: no TCP connection to ``host:port`` within ``timeout_s`` seconds.
-    """
-    import socket
-
-    target = address.split("://", 1)[-1].rstrip("/")
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ConnectionError(f"ray address {address!r}: cannot connect to {host}:{port} ({exc}); start the "
-                              "cluster with `ray start --head` or pass the address it printed") from None
-
-
-def _init_ray(ray: Any, address: str | None, num_cpus: float) -> bool:
-    """Initialise Ray unless it is; True if this call started it.
-
-    Raises:
-        ConnectionError: ``address`` is unreachable (:func:`check_ray_address`).
-    """
-    if ray.is_initialized():
-        return False
-    if address is not None:
-        check_ray_address(address)
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, job_config=local_job_config(ray))
-    return True
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise RuntimeError(
-            "reward_backend='ray' needs Ray: pip install 'trio-rollout[ray]' (ray>=2.40)"
-        ) from exc
-    return ray
 
 
 @asynccontextmanager

@@ -45,13 +45,18 @@ from ..errors import BackendError, RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
 from ._protocol import decode_results, result_record
 
-__all__ = ["AdmissionRecord", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
+__all__ = ["AdmissionRecord", "ShardStartError", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
 
 logger = logging.getLogger(f"rollout.{__name__}")
 
 
 class ShardsDiedError(RolloutError):
     """Every engine shard died; the message names each one and how it ended."""
+
+
+class ShardStartError(RolloutError, RuntimeError):
+    """A shard did not start (a ``RuntimeError``, as before; a ``RolloutError`` so that
+    ``rollout run`` reports it in one line)."""
 
 
 @dataclass(frozen=True)

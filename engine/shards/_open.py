@@ -14,9 +14,9 @@ import trio
 
 from .._gc import gc_tuned
 from ..dump import TrajectoryDumper
-from ..errors import RolloutError, unwrap_single
+from ..errors import unwrap_single
 from ..executor import EngineConfig
-from ._coordinator import ShardedRolloutEngine, _Shard
+from ._coordinator import ShardedRolloutEngine, ShardStartError, _Shard
 from ._protocol import ShardInit
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -24,10 +24,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 __all__ = ["SHARD_BACKENDS", "ShardStartError", "open_sharded_engine"]
 
-
-class ShardStartError(RolloutError, RuntimeError):
-    """A shard did not start (a ``RuntimeError``, as before; a ``RolloutError`` so that
-    ``rollout run`` reports it in one line)."""
 
 logger = logging.getLogger(f"rollout.{__name__}")
 

@@ -5,7 +5,7 @@ Ray CPUs) whose process runs the shard's trio loop (:func:`run_shard`) on a thre
 frames (the same wire as the process shards, :func:`pack_frame`) go in through
 ``push`` and come out through ``pull`` (a long poll), both plain Ray method calls.
 
-trio never blocks on Ray, as in :mod:`rewards._ray_pool`: every call's object ref is
+trio never blocks on Ray, as in :mod:`engine.ray_cluster`: every call's object ref is
 awaited with ``trio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True)``.
 Frames to a shard are sent one at a time (each ``push`` is awaited before the next),
 so a threaded actor keeps them in order.  A dead actor (``ray.kill``, its node lost,
@@ -109,7 +109,7 @@ class _RayChannel:
         self.ended_because: str | None = None
 
     async def send(self, messages: list[Any]) -> None:
-        from rewards._ray_pool import await_ref
+        from ..ray_cluster import await_ref
 
         try:
             await await_ref(self._ray, self._actor.push.remote(pack_frame(messages)))
@@ -117,7 +117,7 @@ class _RayChannel:
             raise trio.BrokenResourceError(f"the shard's Ray actor died: {_first_line(exc)}") from None
 
     async def receive(self) -> list[Any] | None:
-        from rewards._ray_pool import await_ref
+        from ..ray_cluster import await_ref
 
         while not self._pending:
             try:
@@ -184,7 +184,7 @@ class RayShards:
         Raises:
             RuntimeError: Ray is not installed.
         """
-        from rewards._ray_pool import _import_ray, _init_ray
+        from ..ray_cluster import import_ray as _import_ray, init_ray as _init_ray
 
         if isinstance(num_cpus, bool) or not isinstance(num_cpus, (int, float)) or not num_cpus >= 0:
             raise ValueError(f"ray_num_cpus must be a number >= 0, got {num_cpus!r}")
@@ -194,7 +194,7 @@ class RayShards:
         return cls(ray, ray.remote(_ShardActor), float(num_cpus), started, start_timeout_s)
 
     async def start(self, index: int) -> RayShardLink:
-        from rewards._ray_pool import await_ref
+        from ..ray_cluster import await_ref
 
         actor = self._actor_class.options(num_cpus=self._num_cpus, max_concurrency=4, max_restarts=0,
                                           name=None).remote()
@@ -203,7 +203,7 @@ class RayShards:
             with trio.fail_after(self._start_timeout_s):
                 link.pid = await await_ref(self._ray, actor.pid.remote())
         except trio.TooSlowError:
-            from ._open import ShardStartError
+            from ._coordinator import ShardStartError
 
             link.kill()
             raise ShardStartError(f"the Ray actor of engine shard {index} did not start within "

@@ -24,7 +24,8 @@ from engine.errors import RewardError  # noqa: E402
 from engine.testing import build_tiny_tokenizer  # noqa: E402
 from engine.types import GenerationHyperparameters  # noqa: E402
 from rewards import RewardActor, collect_reward_outcomes  # noqa: E402
-from rewards._ray_pool import local_job_config, open_ray_reward_pool  # noqa: E402
+from engine.ray_cluster import local_job_config  # noqa: E402
+from rewards import open_ray_reward_pool  # noqa: E402
 from workflows.rlvr import RLVRWorkflow  # noqa: E402
 
 pytestmark = pytest.mark.slow

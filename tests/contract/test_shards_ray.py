@@ -9,7 +9,7 @@ ray = pytest.importorskip("ray")
 
 from engine import EngineConfig  # noqa: E402
 from engine.shards import open_sharded_engine  # noqa: E402
-from rewards._ray_pool import local_job_config  # noqa: E402
+from engine.ray_cluster import local_job_config  # noqa: E402
 from shard_fixtures import Echo, invariant, sim  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from rewards._ray_pool import check_ray_address
+from engine.ray_cluster import check_ray_address
 
 
 def _free_port() -> int:

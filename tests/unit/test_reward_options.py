@@ -22,7 +22,7 @@ import trio_parallel
 from engine import EngineConfig, MockBackend, open_rollout_engine
 from rewards import AsyncRewardWrapper, RewardPoolOptions, current_reward_pool, open_reward_pool
 from rewards._options import DEFAULT_BATCH_SIZE
-from rewards._ray_pool import open_ray_reward_pool
+from rewards import open_ray_reward_pool
 from rewards._slots import JobTimeout, WorkerSlots
 from rewards._stats import Counters
 

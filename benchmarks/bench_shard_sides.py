@@ -42,7 +42,7 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
     import trio
 
     from engine import EngineConfig, GenerationHyperparameters, SimBackend
-    from benchmarks.harness.meter import Meter, rounded as _r, staleness_histogram
+    from benchmarks.harness.meter import Meter, Tally, rounded as _r, staleness_histogram
     from benchmarks.harness.report import summary as _summary
     from benchmarks.harness.workload import bench_item, corpus_token_pool, pool_digest
     from engine.backends.sim import prompt_key
@@ -57,10 +57,7 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
     config = EngineConfig(max_concurrent_rollouts=cfg.concurrency, consumer_batch_size=cfg.batch_size,
                           max_head_offpolicyness=cfg.max_head_offpolicyness, gc_tuning=cfg.gc_tuning,
                           reward_max_workers=cfg.reward_workers, reward_batch_size=cfg.effective_reward_batch_size)
-    counts: dict[str, Any] = {"accepted": 0, "rejected": 0, "failed": 0}
-    failed_by: dict[str, int] = {}
-    stale: dict[int, int] = {}
-    reward_sum = 0.0
+    tally = Tally()
     n, window = cfg.episodes, cfg.effective_window
     submitted = consumed = max_inflight = 0
     first_batch_s = None
@@ -80,16 +77,7 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
                 first_batch_s = time.perf_counter() - meter.t0
             consumed += len(results)
             version = engine.version
-            for r in results:
-                counts[r.status] += 1
-                if r.status == "failed":
-                    reason = r.reason or "unknown"
-                    failed_by[reason] = failed_by.get(reason, 0) + 1
-                elif r.trajectory is not None:
-                    traj = r.trajectory
-                    reward_sum += float(traj["rewards"].sum())
-                    oldest = int(traj["versions"].masked_fill(traj["loss_mask"] == 0, 1 << 30).min())
-                    stale[version - oldest] = stale.get(version - oldest, 0) + 1
+            tally.add(results, version)
             engine.set_version(version + 1)
             meter.sample(consumed)
         wall = time.perf_counter() - meter.t0
@@ -107,15 +95,14 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
                 for i in range(cfg.warmup)}
         requests = [rec[:5] for shard in records for rec in shard if rec[0] not in warm]
     pools = [r for r in stats.rewards if r is not None]
-    counts["failed_by_reason"] = failed_by
-    return _summary(shard_side(shards), cfg, counts, measured, requests=requests,
-                    time_to_first_batch_s=_r(first_batch_s), staleness_histogram=staleness_histogram(stale),
+    return _summary(shard_side(shards), cfg, tally.counts_with_reasons(), measured, requests=requests,
+                    time_to_first_batch_s=_r(first_batch_s), staleness_histogram=staleness_histogram(tally.stale),
                     reward_latency_p50_s=_r(pools[0].latency_p50_s) if pools else None,
                     reward_latency_p99_s=_r(pools[0].latency_p99_s) if pools else None,
                     reward_workers=sum(p.max_workers for p in pools),
                     reward_fallbacks=sum(p.fallbacks for p in pools),
-                    reward_mean=_r(reward_sum / max(1, counts["accepted"])),
-                    token_pool_digest=pool_digest(backend._tok_pool),
+                    reward_mean=tally.reward_mean,
+                    token_pool_digest=pool_digest(backend.token_pool),
                     shards=[{"pid": s.pid, "admitted": s.admitted, "ended": s.ended, "alive": s.alive}
                             for s in shard_stats])
 

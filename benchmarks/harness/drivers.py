@@ -24,7 +24,7 @@ from rewards import gsm8k_reward, open_reward_pool
 from workflows.rlvr import RLVRWorkflow, default_get_input_ids
 
 from .config import BenchConfig
-from .meter import Meter, percentile, rounded, staleness_histogram
+from .meter import Meter, Tally, percentile, rounded, staleness_histogram
 from .report import summary
 from .workload import bench_item, corpus_token_pool, pool_digest
 
@@ -53,10 +53,7 @@ async def drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
         backend = SimBackend(sim, record=cfg.record, token_pool=pool_ids)
         config = EngineConfig(max_concurrent_rollouts=cfg.concurrency, consumer_batch_size=cfg.batch_size,
                               max_head_offpolicyness=cfg.max_head_offpolicyness, gc_tuning=cfg.gc_tuning)
-        counts: dict[str, Any] = {"accepted": 0, "rejected": 0, "failed": 0}
-        failed_by: dict[str, int] = {}
-        stale: dict[int, int] = {}
-        reward_sum = 0.0
+        tally = Tally()
         n, window = cfg.episodes, cfg.effective_window
         submitted = consumed = max_inflight = 0
         first_batch_s = None
@@ -82,15 +79,7 @@ async def drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
                 consumed += len(results)
                 version = engine.version
                 max_inflight = max(max_inflight, engine.statistics().running)
-                for r in results:
-                    counts[r.status] += 1
-                    if r.status == "failed":
-                        failed_by[r.reason] = failed_by.get(r.reason, 0) + 1
-                    elif r.trajectory is not None:
-                        traj = r.trajectory
-                        reward_sum += float(traj["rewards"].sum())
-                        oldest = int(traj["versions"].masked_fill(traj["loss_mask"] == 0, 1 << 30).min())
-                        stale[version - oldest] = stale.get(version - oldest, 0) + 1
+                tally.add(results, version)
                 engine.set_version(version + 1)
             wall = time.perf_counter() - meter.t0
             max_inflight = max(max_inflight, backend.peak_in_progress)  # exact (the samples can miss the peak)
@@ -104,12 +93,11 @@ async def drive_ours(cfg: BenchConfig, tokenizer: Any) -> dict[str, Any]:
         p50, p99 = pool_stats.latency_p50_s, pool_stats.latency_p99_s
     else:
         p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-    counts["failed_by_reason"] = failed_by
-    return summary("ours", cfg, counts, measured, requests=recorded_requests(backend),
-                   time_to_first_batch_s=rounded(first_batch_s), staleness_histogram=staleness_histogram(stale),
+    return summary("ours", cfg, tally.counts_with_reasons(), measured, requests=recorded_requests(backend),
+                   time_to_first_batch_s=rounded(first_batch_s), staleness_histogram=staleness_histogram(tally.stale),
                    reward_latency_p50_s=rounded(p50), reward_latency_p99_s=rounded(p99),
                    reward_workers=pool.max_workers, reward_fallbacks=pool_stats.fallbacks,
-                   reward_mean=rounded(reward_sum / max(1, counts["accepted"])),
+                   reward_mean=tally.reward_mean,
                    token_pool_digest=pool_digest(backend.token_pool), backend=asdict(backend.statistics()))
 
 

@@ -13,7 +13,7 @@ import resource
 import time
 from typing import Any
 
-__all__ = ["Meter", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "rounded", "rss_mib",
+__all__ = ["Meter", "Tally", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "rounded", "rss_mib",
            "staleness_histogram"]
 
 
@@ -146,3 +146,35 @@ def staleness_histogram(values: dict[int, int]) -> dict[str, int]:
 def rounded(x: float | None, digits: int = 4) -> float | None:
     """``round(x, digits)``, None stays None."""
     return None if x is None else round(x, digits)
+
+
+class Tally:
+    """What a side's consumer counts over the results it takes (the same on every
+    engine side): statuses, failure reasons, reward sum and the staleness of each
+    accepted trajectory (current version minus its oldest generated token's)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Any] = {"accepted": 0, "rejected": 0, "failed": 0}
+        self.failed_by: dict[str, int] = {}
+        self.stale: dict[int, int] = {}
+        self.reward_sum = 0.0
+
+    def add(self, results: Any, version: int) -> None:
+        for r in results:
+            self.counts[r.status] += 1
+            if r.status == "failed":
+                reason = str(r.reason or "unknown")
+                self.failed_by[reason] = self.failed_by.get(reason, 0) + 1
+            elif r.trajectory is not None:
+                traj = r.trajectory
+                self.reward_sum += float(traj["rewards"].sum())
+                oldest = int(traj["versions"].masked_fill(traj["loss_mask"] == 0, 1 << 30).min())
+                self.stale[version - oldest] = self.stale.get(version - oldest, 0) + 1
+
+    def counts_with_reasons(self) -> dict[str, Any]:
+        return {**self.counts, "failed_by_reason": self.failed_by}
+
+    @property
+    def reward_mean(self) -> float | None:
+        return rounded(self.reward_sum / max(1, self.counts["accepted"]))
+

@@ -184,23 +184,31 @@ def build_trajectory(segments: Iterable[Segment], reward: float, *, is_truncated
         pos = end
     if is_truncated is None:
         is_truncated = last_sampled is not None and last_sampled.stop_reason == "length"
+    fields = _fields(ids, loss_mask, logprobs, versions, turn_ids, reward, bool(is_truncated), reward_is_fallback)
+    for name, value in (extra or {}).items():
+        if name in fields:
+            raise ValueError(f"extra[{name!r}] clashes with a built-in trajectory field")
+        fields[name] = _per_episode(name, value)
+    return _new_td(fields)
+
+
+def _fields(ids: Any, loss_mask: Any, logprobs: Any, versions: Any, turn_ids: Any, reward: float,
+            is_truncated: bool, reward_is_fallback: bool | None) -> dict[str, torch.Tensor]:
+    """The schema's fields of one episode from its ``[1, T]`` numpy rows (shared by
+    :func:`build_trajectory` and :func:`trajectory_from_response`)."""
     fields = {
         "input_ids": torch.from_numpy(ids),  # [1, T] int32
         "loss_mask": torch.from_numpy(loss_mask),  # [1, T] int32: 1 on sampled tokens
         "logprobs": torch.from_numpy(logprobs),  # [1, T] float32: 0.0 on injected tokens
         "versions": torch.from_numpy(versions),  # [1, T] int32: -1 on injected tokens
         "turn_ids": torch.from_numpy(turn_ids),  # [1, T] int32: -1 on injected tokens
-        "attention_mask": torch.ones(1, t, dtype=torch.bool),  # [1, T]
+        "attention_mask": torch.ones(1, ids.shape[1], dtype=torch.bool),  # [1, T]
         "rewards": torch.full((1,), float(reward), dtype=torch.float32),  # [1]
-        "is_truncated": torch.full((1,), bool(is_truncated), dtype=torch.bool),  # [1]
+        "is_truncated": torch.full((1,), is_truncated, dtype=torch.bool),  # [1]
     }
     if reward_is_fallback is not None:  # [1] bool: never a silent 0.0
         fields["reward_is_fallback"] = torch.full((1,), bool(reward_is_fallback), dtype=torch.bool)
-    for name, value in (extra or {}).items():
-        if name in fields:
-            raise ValueError(f"extra[{name!r}] clashes with a built-in trajectory field")
-        fields[name] = _per_episode(name, value)
-    return _new_td(fields)
+    return fields
 
 
 def trajectory_from_response(resp: ModelResponse, reward: float, *, turn_id: int = 0,
@@ -248,16 +256,6 @@ def trajectory_from_response(resp: ModelResponse, reward: float, *, turn_id: int
             versions[0, p:] = out_versions
         loss_mask[0, p:] = 1
         turn_ids[0, p:] = turn_id
-    fields = {
-        "input_ids": torch.from_numpy(ids),  # [1, T] int32
-        "loss_mask": torch.from_numpy(loss_mask),  # [1, T] int32: 1 on sampled tokens
-        "logprobs": torch.from_numpy(logprobs),  # [1, T] float32: 0.0 on injected tokens
-        "versions": torch.from_numpy(versions),  # [1, T] int32: -1 on injected tokens
-        "turn_ids": torch.from_numpy(turn_ids),  # [1, T] int32: -1 on injected tokens
-        "attention_mask": torch.ones(1, t, dtype=torch.bool),  # [1, T]
-        "rewards": torch.full((1,), float(reward), dtype=torch.float32),  # [1]
-        "is_truncated": torch.full((1,), resp.stop_reason == "length", dtype=torch.bool),  # [1]
-    }
-    if reward_is_fallback is not None:  # [1] bool: never a silent 0.0
-        fields["reward_is_fallback"] = torch.full((1,), bool(reward_is_fallback), dtype=torch.bool)
+    fields = _fields(ids, loss_mask, logprobs, versions, turn_ids, reward, resp.stop_reason == "length",
+                     reward_is_fallback)
     return _new_td(fields)

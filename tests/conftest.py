@@ -22,6 +22,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+#: Where the ``hf`` backend tests put their tiny models (``TRIO_ROLLOUT_TEST_DEVICE``, default
+#: ``cpu``; ``cuda`` on a GPU machine).  Passed explicitly with ``dtype="float32"``: the backend's
+#: own default would move a test's float32 model to bfloat16 on CUDA wherever CUDA is available.
+HF_TEST_DEVICE = os.environ.get("TRIO_ROLLOUT_TEST_DEVICE", "cpu")
+
 
 #: opt-in tiers against real servers: marker -> what the flag runs.  Without the flag their
 #: tests are skipped; with it they run and FAIL (never skip) when the server cannot be started.

@@ -12,6 +12,8 @@ from engine import HFBackend, InvalidRequestError, ModelRequest, open_rollout_en
 from engine.testing import build_tiny_model
 from engine.types import GenerationHyperparameters
 
+from conftest import HF_TEST_DEVICE as DEVICE
+
 pytestmark = pytest.mark.slow
 
 
@@ -24,14 +26,14 @@ def tiny_model_dir(tmp_path_factory):
 def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
     return model, AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def _teacher_forced_logprobs(model, prompt, output):
-    ids = torch.tensor([prompt + output])
+    ids = torch.tensor([prompt + output], device=model.device)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()  # [T, V]
+        logits = model(input_ids=ids).logits[0].float().cpu()  # [T, V]
     logp = torch.log_softmax(logits, dim=-1)
     positions = torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1)
     return logp[positions, torch.tensor(output)]  # [n_out]
@@ -45,7 +47,7 @@ def _prompt(tok, text):
 @pytest.mark.parametrize("serving", ["static", "continuous"])
 async def test_concurrent_requests_logprobs_match_teacher_forcing(tiny, reward_pool, serving):
     model, tok = tiny
-    backend = HFBackend(model, tok, batch_window_s=0.05, mode=serving)
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0.05, mode=serving)
     prompts = [_prompt(tok, t) for t in ("hi", "what is 2+3?", "a much longer prompt, to force left padding")]
     g = GenerationHyperparameters(max_new_tokens=12, ignore_eos=True)
     results = {}
@@ -70,7 +72,7 @@ async def test_concurrent_requests_logprobs_match_teacher_forcing(tiny, reward_p
 async def test_seed_determinism_and_greedy(tiny, reward_pool):
     model, tok = tiny
     p = _prompt(tok, "seeded")
-    async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0), reward_pool=reward_pool) as engine:
         seeded = GenerationHyperparameters(max_new_tokens=16, ignore_eos=True, seed=1234)
         a = await engine.agenerate(ModelRequest(input_ids=p, gconfig=seeded))
         b = await engine.agenerate(ModelRequest(input_ids=p, gconfig=seeded))
@@ -82,8 +84,8 @@ async def test_seed_determinism_and_greedy(tiny, reward_pool):
     ref = _teacher_forced_logprobs(model, p, g1.output_tokens)
     logits_argmax = []
     with torch.no_grad():
-        ids = torch.tensor([p + g1.output_tokens])
-        logits = model(input_ids=ids).logits[0]
+        ids = torch.tensor([p + g1.output_tokens], device=model.device)
+        logits = model(input_ids=ids).logits[0].cpu()
     logits_argmax = logits[len(p) - 1 : -1].argmax(-1).tolist()
     assert g1.output_tokens == logits_argmax
     assert (ref - torch.tensor(g1.output_logprobs)).abs().max().item() < 1e-4
@@ -93,7 +95,7 @@ async def test_stop_token_and_stop_string(tiny, reward_pool):
     model, tok = tiny
     p = _prompt(tok, "stop here")
     greedy = GenerationHyperparameters(max_new_tokens=24, ignore_eos=True, greedy=True)
-    async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0), reward_pool=reward_pool) as engine:
         full = await engine.agenerate(ModelRequest(input_ids=p, gconfig=greedy))
         stop_id = full.output_tokens[5]
         first = full.output_tokens.index(stop_id)
@@ -111,7 +113,7 @@ async def test_stop_token_and_stop_string(tiny, reward_pool):
 @pytest.mark.parametrize("serving", ["static", "continuous"])
 async def test_cancelled_request_leaves_the_batch_and_others_complete(tiny, reward_pool, serving):
     model, tok = tiny
-    backend = HFBackend(model, tok, batch_window_s=0.05, mode=serving)
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0.05, mode=serving)
     g = GenerationHyperparameters(max_new_tokens=400, max_tokens=1000, ignore_eos=True)
     short = GenerationHyperparameters(max_new_tokens=4, ignore_eos=True)
     done = {}
@@ -135,7 +137,7 @@ async def test_cancelled_request_leaves_the_batch_and_others_complete(tiny, rewa
 
 async def test_unsupported_parameter_is_a_clear_error(tiny, reward_pool):
     model, tok = tiny
-    async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0), reward_pool=reward_pool) as engine:
         with pytest.raises(InvalidRequestError, match="frequency_penalty"):
             await engine.agenerate(ModelRequest(input_ids=_prompt(tok, "x"),
                                                 gconfig=GenerationHyperparameters(frequency_penalty=0.5)))
@@ -146,7 +148,7 @@ def other_weights(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     path = build_tiny_model(tmp_path_factory.mktemp("tiny-llama-b"), seed=1)
-    return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(DEVICE)
 
 
 @pytest.mark.parametrize("serving", ["static", "continuous"])
@@ -156,8 +158,8 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    reference_a = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
+    reference_a = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     b_path, reference_b = other_weights
     forwards, midway = [0], threading.Event()
@@ -171,7 +173,7 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
         return original_forward(*args, **kwargs)
 
     model.forward = counting_forward
-    backend = HFBackend(model, tok, batch_window_s=0.05, mode=serving)
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0.05, mode=serving)
     g = GenerationHyperparameters(max_new_tokens=24, ignore_eos=True)
     prompts = [_prompt(tok, f"question number {i}") for i in range(8)]
     results = {}
@@ -208,7 +210,7 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
 
 async def test_abort_exactly_at_the_budget_keeps_all_tokens_as_length(tiny, reward_pool):
     model, tok = tiny
-    backend = HFBackend(model, tok, batch_window_s=0)
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0)
     p = _prompt(tok, "budget")
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         # the abort flag is raised before the batch starts: the row is stopped at its
@@ -225,9 +227,9 @@ async def test_update_weights_with_mismatched_weights_keeps_the_old_ones(tiny_mo
 
     from engine import BackendError
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    async with open_rollout_engine(HFBackend(model, tok), reward_pool=reward_pool) as engine:
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32"), reward_pool=reward_pool) as engine:
         with pytest.raises(BackendError, match="do not fit"):
             await engine.update_weights({"nope": torch.zeros(1)}, version=5)
         assert engine.version == 0 and not engine.paused
@@ -239,12 +241,12 @@ async def test_ignore_eos_is_honoured_even_when_the_model_emits_eos(tiny, reward
     p = _prompt(tok, "eos")
     greedy = GenerationHyperparameters(max_new_tokens=16, greedy=True, ignore_eos=True)
     with torch.no_grad():  # make the model strongly prefer EOS at every step
-        bias = torch.zeros(model.config.vocab_size)
+        bias = torch.zeros(model.config.vocab_size, device=model.device)
         bias[eos] = 50.0
         original = model.lm_head.bias if hasattr(model.lm_head, "bias") else None
         hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
     try:
-        async with open_rollout_engine(HFBackend(model, tok, batch_window_s=0), reward_pool=reward_pool) as engine:
+        async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0), reward_pool=reward_pool) as engine:
             ignoring = await engine.agenerate(ModelRequest(input_ids=p, gconfig=greedy))
             stopping = await engine.agenerate(ModelRequest(input_ids=p, gconfig=greedy.new(ignore_eos=False)))
     finally:
@@ -259,14 +261,14 @@ async def test_logprobs_are_of_the_processed_distribution(tiny, reward_pool, ser
     model, tok = tiny
     p = _prompt(tok, "temperature")
     g = GenerationHyperparameters(max_new_tokens=10, ignore_eos=True, temperature=0.7, top_k=20, top_p=0.9)
-    backend = HFBackend(model, tok, batch_window_s=0, mode=serving)
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0, mode=serving)
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         r = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     ids = torch.tensor([p + r.output_tokens])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float()  # [n, V]
+        logits = model(input_ids=ids.to(model.device)).logits[0, len(p) - 1 : -1].float().cpu()  # [n, V]
     for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)):
         logits = warper(ids, logits)
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(r.output_tokens)[:, None]).squeeze(1)
@@ -275,7 +277,7 @@ async def test_logprobs_are_of_the_processed_distribution(tiny, reward_pool, ser
 
 async def test_continuous_mode_rejects_what_it_cannot_honour(tiny, reward_pool):
     model, tok = tiny
-    backend = HFBackend(model, tok, mode="continuous")
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", mode="continuous")
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
         for bad in ({"greedy": True}, {"seed": 1}, {"min_new_tokens": 2}):
             with pytest.raises(InvalidRequestError, match=f"does not support gconfig.{next(iter(bad))}"):
@@ -287,7 +289,7 @@ async def test_continuous_mode_stop_string(tiny, reward_pool):
     model, tok = tiny
     p = _prompt(tok, "stop string")
     g = GenerationHyperparameters(max_new_tokens=30, ignore_eos=True)
-    async with open_rollout_engine(HFBackend(model, tok, mode="continuous"), reward_pool=reward_pool) as engine:
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32", mode="continuous"), reward_pool=reward_pool) as engine:
         full = await engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
         text = tok.decode(full.output_tokens, skip_special_tokens=False)
         # any 2-character needle: the next sample may or may not contain it
@@ -312,7 +314,7 @@ async def test_static_generate_draws_no_generation_config_warning(tiny_model_dir
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
     model.generation_config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8,
                                                repetition_penalty=1.05)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -327,7 +329,7 @@ async def test_static_generate_draws_no_generation_config_warning(tiny_model_dir
     library_logger.addHandler(handler)
     logging.Logger.warning_once.cache_clear()  # transformers warns once per process: make it count here
     try:
-        async with HFBackend(model, tok, batch_window_s=0).open() as backend:
+        async with HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0).open() as backend:
             g = GenerationHyperparameters(max_new_tokens=4, greedy=greedy, temperature=0.9, top_k=5)
             resp = await backend.generate(ModelRequest(input_ids=_prompt(tok, "hi"), gconfig=g), 4)
     finally:

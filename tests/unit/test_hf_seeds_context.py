@@ -18,6 +18,8 @@ from engine import HFBackend, InvalidRequestError, ModelRequest, open_rollout_en
 from engine.testing import build_tiny_model
 from engine.types import GenerationHyperparameters, derive_seed
 
+from conftest import HF_TEST_DEVICE as DEVICE
+
 pytestmark = pytest.mark.slow
 
 
@@ -26,7 +28,7 @@ def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(DEVICE)
     return model, AutoTokenizer.from_pretrained(path)
 
 
@@ -48,7 +50,7 @@ async def _run(tiny, reward_pool, seed):
     from workflows.rlvr import RLVRWorkflow
 
     model, tok = tiny
-    backend = HFBackend(model, tok, batch_window_s=0.05)
+    backend = HFBackend(model, tok, device=DEVICE, dtype="float32", batch_window_s=0.05)
     gconfig = GenerationHyperparameters(n_samples=2, max_new_tokens=10, temperature=0.9, top_k=50, seed=seed)
     workflow = RLVRWorkflow(zero_reward, gconfig, tok)
     items = [{"messages": [{"role": "user", "content": f"question {i}: {'x' * (3 * i)}"}]} for i in range(ITEMS)]
@@ -88,7 +90,7 @@ async def test_the_context_length_is_enforced(tiny, reward_pool, mode):
     model, tok = tiny
     context = model.config.max_position_embeddings
     g = GenerationHyperparameters(max_new_tokens=50, ignore_eos=True)
-    async with open_rollout_engine(HFBackend(model, tok, mode=mode), reward_pool=reward_pool) as engine:
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32", mode=mode), reward_pool=reward_pool) as engine:
         for length in (context, context + 52):
             with pytest.raises(InvalidRequestError, match=rf"input_ids has {length} tokens.*max_position_embeddings"):
                 await engine.agenerate(ModelRequest(input_ids=[5] * length, gconfig=g))

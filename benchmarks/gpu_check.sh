@@ -3,6 +3,7 @@
 # in a row (the machine stays warm ~30 s between them, keeping /tmp), then the same script here.
 #
 #   call 1: bash benchmarks/gpu_check.sh setup .gpumodel/part1      carry [".whl", ".gpumodel/part1"]
+#           (installs the wheels, stores piece 1, runs the hf tests: they need no SmolLM2)
 #   call 2: bash benchmarks/gpu_check.sh run .gpumodel/part2        carry [".gpumodel/part2"]
 #   here:   GPUC_LOCAL=1 bash benchmarks/gpu_check.sh setup ... && GPUC_LOCAL=1 bash ... run ...
 #
@@ -19,7 +20,8 @@
 # a stage that would start with under 25 s left is skipped), output in $OUT (default ./gpu-check-out):
 #   model       reassemble + sha256 the GGUF, convert, sha256 of model.safetensors (env.txt)
 #   episodes    benchmarks/gpu_check_episodes.py on $GPUC_DEVICE (episodes.json)
-#   pytest      the hf backend tests with TRIO_ROLLOUT_TEST_DEVICE=$GPUC_DEVICE (pytest.log)
+#   pytest      the hf backend tests with TRIO_ROLLOUT_TEST_DEVICE=$GPUC_DEVICE (pytest.log): in call 1
+#               (`setup`); `run` copies that log, or runs them itself when call 1 did not
 #   bench       rollout bench --backend hf, continuous then static, 128 GSM8K episodes, 32 in flight,
 #               max_new_tokens 256 (bench_continuous.json, bench_static.json), then 256 episodes /
 #               64 in flight continuous if time is left (bench_continuous_256.json)
@@ -71,6 +73,16 @@ stage() {
     return "$rc"
 }
 
+pytest_stage() {  # the hf backend tests on $DEVICE; the log is kept in $DIR for `run`
+    stage pytest "$1" env TRIO_ROLLOUT_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider -rfE \
+        -o faulthandler_timeout=100 tests/unit/test_hf_backend.py tests/unit/test_hf_seeds_context.py \
+        > "$DIR/pytest.log" 2>&1
+    local rc=$?
+    cp "$DIR/pytest.log" "$OUT/pytest.log"
+    tail -15 "$DIR/pytest.log"
+    return "$rc"
+}
+
 versions() {
     "$PY" - <<'EOF'
 import importlib.metadata as md, platform, torch
@@ -93,7 +105,9 @@ setup)
         || { log "pip install failed"; exit 1; }
     take_part "$PART"
     versions
-    log "setup done: now call 2 at once (the machine keeps /tmp ~30 s)"
+    [ -z "${GPUC_SETUP_NO_TESTS:-}" ] && pytest_stage 120
+    log "setup done ($([ "$FAILED" = 0 ] && echo passed || echo FAILED)): now call 2 at once (the machine keeps /tmp ~30 s)"
+    return "$FAILED"
     ;;
 run)
     run_all 2>&1 | tee -a "$OUT/check.log"
@@ -131,10 +145,14 @@ run_all() {
     stage episodes 150 "$PY" -m benchmarks.gpu_check_episodes --model "$MODEL" --device "$DEVICE" \
         --episodes "$EPISODES" --out "$OUT/episodes.json"
     # -- the hf backend tests on the device ---------------------------------------------------------
-    stage pytest 150 env TRIO_ROLLOUT_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider -rfE \
-        -o faulthandler_timeout=120 tests/unit/test_hf_backend.py tests/unit/test_hf_seeds_context.py \
-        > "$OUT/pytest.log" 2>&1
-    tail -15 "$OUT/pytest.log"
+    if [ -f "$DIR/pytest.log" ]; then
+        cp "$DIR/pytest.log" "$OUT/pytest.log"
+        log "pytest ran in call 1: $(tail -1 "$DIR/pytest.log")"
+        grep -qE "^=* ?[0-9]+ passed" <(tail -1 "$DIR/pytest.log") && ! grep -qE "failed|error" <(tail -1 "$DIR/pytest.log") \
+            || FAILED=1
+    else
+        pytest_stage 150
+    fi
     # -- async vs sync rollout on the real model ------------------------------------------------------
     data="$DIR/gsm8k_x4.jsonl"  # 256 rows: the 64 GSM8K test questions, four times
     for _ in 1 2 3 4; do cat benchmarks/data/gsm8k_test_64.jsonl; done > "$data"

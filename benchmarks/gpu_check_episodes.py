@@ -9,10 +9,11 @@ Two runs, each ``episodes`` GSM8K prompts x ``n_samples`` through :func:`engine.
 + :class:`workflows.rlvr.RLVRWorkflow` (the GSM8K reward in the reward pool):
 
 * ``continuous``: the backend's default dtype on ``device`` (bfloat16 on CUDA, float32 on CPU),
-  continuous batching, ``max_new_tokens`` 128, and a weight update (the same weights, from the
-  model folder, ``mode="abort"``) once a quarter of the episodes have ended: per-token versions
-  must show the boundary (0 then 1), and since the weights are unchanged every logprob must still
-  match a teacher-forced forward pass;
+  continuous batching, ``max_new_tokens`` 128; half the episodes are submitted, and once half of
+  those have ended the weights are updated (the same weights, from the model folder,
+  ``mode="abort"``: the stragglers are resumed) and the other half is submitted: per-token
+  versions must be 0 then 1 along each row, some tokens must carry version 1, and since the weights
+  are unchanged every logprob must still match a teacher-forced forward pass;
 * ``static_fp32``: float32 on ``device``, static batches, seeded: run twice, the tokens must be
   identical row for row (per-request seeds), and the logprobs must match teacher forcing within
   ``--fp32-tol``.
@@ -158,13 +159,16 @@ async def run_once(args: argparse.Namespace, *, name: str, mode: str, dtype: str
     t0 = time.perf_counter()
     async with open_rollout_engine(backend, config, tokenizer=tok) as engine:
         loaded = time.perf_counter()
-        for i, item in enumerate(items):
+        half = (len(items) + 1) // 2 if update_weights else len(items)
+        for i, item in enumerate(items[:half]):
             engine.submit(item, workflow, task_id=i)
-        first = max(1, len(items) // 4) if update_weights else len(items)
+        first = max(1, half // 2) if update_weights else len(items)
         records += await engine.wait_results(first)
-        if update_weights:
+        if update_weights:  # the first half's stragglers cross the boundary; the second half is all version 1
             await engine.update_weights(path, version=1, mode="abort")
             chk.check(engine.version == 1, f"{name}: engine.version {engine.version} after update_weights(version=1)")
+            for i, item in enumerate(items[half:], start=half):
+                engine.submit(item, workflow, task_id=i)
             records += await engine.wait_results(len(items) - first)
         stats = engine.statistics()
     wall = time.perf_counter() - loaded

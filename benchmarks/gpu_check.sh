@@ -59,14 +59,15 @@ take_part() {  # copy a piece of the GGUF into $DIR/parts (a name seen twice is 
     [ -n "$1" ] && [ -d "$1" ] && cp -n "$1"/gguf.part-* "$DIR/parts/" && log "stored $(ls "$1")"
 }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-# stage NAME SECONDS CMD...: run under timeout min(SECONDS, budget left - 5); skip with < 25 s left
+# stage NAME SECONDS CMD...: run under timeout min(SECONDS, budget left - 5); skip with < 25 s left.
+# With STAGE_LOG=FILE the command's output goes to FILE (not the stage's own lines).
 stage() {
     local name=$1 limit=$2; shift 2
     local rest; rest=$(left)
     if [ "$rest" -lt 25 ]; then log "SKIP $name: ${rest}s of the budget left"; FAILED=1; return 1; fi
     [ "$limit" -gt $(( rest - 5 )) ] && limit=$(( rest - 5 ))
     log "START $name (timeout ${limit}s)"
-    timeout -k 5 "$limit" "$@"
+    if [ -n "${STAGE_LOG:-}" ]; then timeout -k 5 "$limit" "$@" > "$STAGE_LOG" 2>&1; else timeout -k 5 "$limit" "$@"; fi
     local rc=$?
     log "END $name rc=$rc"
     [ "$rc" -ne 0 ] && FAILED=1
@@ -74,9 +75,9 @@ stage() {
 }
 
 pytest_stage() {  # the hf backend tests on $DEVICE; the log is kept in $DIR for `run`
-    stage pytest "$1" env TRIO_ROLLOUT_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider -rfE \
-        -o faulthandler_timeout=100 tests/unit/test_hf_backend.py tests/unit/test_hf_seeds_context.py \
-        > "$DIR/pytest.log" 2>&1
+    STAGE_LOG="$DIR/pytest.log" stage pytest "$1" env TRIO_ROLLOUT_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q \
+        -p no:cacheprovider -rfE -o faulthandler_timeout=100 tests/unit/test_hf_backend.py \
+        tests/unit/test_hf_seeds_context.py
     local rc=$?
     cp "$DIR/pytest.log" "$OUT/pytest.log"
     tail -15 "$DIR/pytest.log"

@@ -23,8 +23,9 @@
 #   pytest      the hf backend tests with TRIO_ROLLOUT_TEST_DEVICE=$GPUC_DEVICE (pytest.log): in call 1
 #               (`setup`); `run` copies that log, or runs them itself when call 1 did not
 #   bench       rollout bench --backend hf, continuous then static, 128 GSM8K episodes, 32 in flight,
-#               max_new_tokens 256 (bench_continuous.json, bench_static.json), then 256 episodes /
-#               64 in flight continuous if time is left (bench_continuous_256.json)
+#               max_new_tokens 256 (bench_continuous.json, bench_static.json), then 256 episodes,
+#               32 in flight, continuous, if 150 s are left (bench_continuous_256.json; HFBackend's
+#               default cache_tokens 16384 holds ~32 rows of prompt + 256 tokens)
 # Everything printed also lands in $OUT/check.log.  Exit status: 0 all passed, 1 a check failed,
 # 3 the machine lost call 1's files (went cold: run call 1 again, then call 2), 4 the model is corrupt.
 set -u
@@ -45,7 +46,7 @@ if [ -n "${GPUC_LOCAL:-}" ]; then  # here, on CPU: the tiny model, small numbers
 else
     DEVICE=${GPUC_DEVICE:-cuda}; MODEL=${GPUC_MODEL:-builtin:smollm2}
     EPISODES=${GPUC_EPISODES:-16}; BENCH_EPISODES=${GPUC_BENCH_EPISODES:-128}; CONCURRENCY=${GPUC_CONCURRENCY:-32}
-    BIG_EPISODES=${GPUC_BIG_EPISODES:-256}; BIG_CONCURRENCY=${GPUC_BIG_CONCURRENCY:-64}; NEW=${GPUC_NEW:-256}
+    BIG_EPISODES=${GPUC_BIG_EPISODES:-256}; BIG_CONCURRENCY=${GPUC_BIG_CONCURRENCY:-32}; NEW=${GPUC_NEW:-256}
 fi
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export HF_HUB_DISABLE_PROGRESS_BARS=1  # no tqdm bars in the log (transformers follows this too)

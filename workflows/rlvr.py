@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from engine.chat_splice import render_chat
 from engine.encode import encode_prompt
 from engine.data import concat_padded_tensors
 from engine.episode_context import episode_id, sample_index
@@ -41,7 +42,7 @@ def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking:
     kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
     backend = rust_tokenizer(tokenizer)
     if backend is not None:  # what tokenize=True does, minus transformers' per-call overhead
-        text = tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
+        text = render_chat(tokenizer, data["messages"], **kwargs)  # the template rendered once per chat structure
         return encode_prompt(backend, text)  # the pieces between special tokens, repeated ones cached
     ids = tokenizer.apply_chat_template(
         data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs

@@ -12,6 +12,7 @@ import torch
 
 import reward_fixtures
 from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
+from engine.chat_splice import render_chat
 from engine.datasets import builtin_arith, to_item
 from engine.testing import build_tiny_tokenizer
 from engine.types import GenerationHyperparameters
@@ -49,7 +50,7 @@ async def test_a_group_and_a_second_epoch_encode_each_prompt_once():
     tok = build_tiny_tokenizer()
     items = [to_item(row) for row in builtin_arith(3)]
     workflow = RLVRWorkflow(reward_fixtures.length_reward, GenerationHyperparameters(max_new_tokens=8), tok)
-    with mock.patch.object(tok, "apply_chat_template", wraps=tok.apply_chat_template) as render:
+    with mock.patch("workflows.rlvr.render_chat", wraps=render_chat) as render:
         async with open_rollout_engine(_sim(tok), EngineConfig(reward_max_workers=1)) as engine:
             for _ in range(2):  # two epochs
                 for item in items:

@@ -88,17 +88,38 @@ class _Running:
 
 
 class _Item:
-    __slots__ = ("abandoned", "done", "error", "failed", "job", "result", "running", "timeout")
+    """One queued call.  Its caller sleeps in ``trio.lowlevel.wait_task_rescheduled``
+    (``task``) until the batcher sets ``done`` and wakes it: no ``trio.Event``, parking
+    lot and their objects per call."""
+
+    __slots__ = ("abandoned", "done", "error", "failed", "job", "result", "running", "task", "timeout")
 
     def __init__(self, job: bytes, timeout: float) -> None:
         self.job = job
         self.timeout = timeout
-        self.done = trio.Event()
+        self.done = False
+        self.task: trio.lowlevel.Task | None = None  # the caller, while it waits
         self.result: tuple[str, Any] | None = None
         self.failed = False
         self.error: Exception | None = None  # a batch of one failed: the call's own failure
         self.abandoned = False
         self.running: _Running | None = None  # the batch it is in, once sent
+
+    def abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        """The caller was cancelled while waiting: it wakes with the cancellation."""
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def finish(self) -> None:
+        """Done: wake the caller if it still waits."""
+        self.done = True
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+
+def _not_abortable(raise_cancel: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
 
 
 class Batcher:
@@ -153,13 +174,16 @@ class Batcher:
         """
         item = _Item(job, timeout)
         self._send.send_nowait(item)
+        item.task = trio.lowlevel.current_task()
         try:
-            await item.done.wait()
+            await trio.lowlevel.wait_task_rescheduled(item.abort)
         except BaseException:  # cancelled: leave the queue (or the running batch)
             item.abandoned = True
-            if item.running is not None and not item.done.is_set() and item.running.leave():
+            item.task = None
+            if item.running is not None and not item.done and item.running.leave():
                 with trio.CancelScope(shield=True):  # the last caller: return once the worker is killed,
-                    await item.done.wait()  # as an unbatched call does
+                    item.task = trio.lowlevel.current_task()  # as an unbatched call does
+                    await trio.lowlevel.wait_task_rescheduled(_not_abortable)
             raise
         if item.error is not None:
             raise item.error
@@ -245,4 +269,4 @@ class Batcher:
             for item in batch:
                 if item.result is None:
                     item.failed = True
-                item.done.set()
+                item.finish()

@@ -161,8 +161,14 @@ class RewardPool:
                     if job is None:
                         reward = await attempt.in_process(reward_fn, name, args, data, timeout)
                     elif number == 1 and attempt.batcher is not None:
+                        item = attempt.batcher.submit(job, timeout)
                         try:
-                            tag, value = await attempt.batcher.run(job, timeout)
+                            await trio.lowlevel.wait_task_rescheduled(item)
+                        except BaseException:  # cancelled: leave the queue (or the running batch)
+                            await item.leave()
+                            raise
+                        try:
+                            tag, value = item.outcome()
                         except BatchFailed:  # another call's hang or crash: run this one on its own
                             tag = _worker.NOT_SET_UP
                         if tag == _worker.NOT_SET_UP:  # (or an actor not set up there: alone, with setup)

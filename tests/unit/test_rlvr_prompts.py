@@ -106,3 +106,15 @@ async def test_a_duck_typed_reward_pool_gets_text(reward_pool):
         batch = await engine.rollout_batch(items, workflow)  # text_digest asserts it got str, not TokenText
     assert reward_pool.calls == 2
     assert batch["rewards"].tolist() == [_digest(tok, batch, i) for i in range(2)]
+
+
+def test_the_cache_tells_apart_values_that_python_calls_equal():
+    tok = build_tiny_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}={{ m['x'] }}\n{% endfor %}"
+    workflow = RLVRWorkflow(reward_fixtures.length_reward, GenerationHyperparameters(), tok)
+    values = [1, True, 1.0, 0.0, -0.0, "1", None]  # 1 == True == 1.0, 0.0 == -0.0: rendered differently
+    for _ in range(2):
+        for value in values:
+            item = {"messages": [{"role": "user", "content": "v", "x": value}]}
+            assert workflow._prompt(item).ids == default_get_input_ids(tok, item, None)
+    assert len(workflow._prompts) == len(values)

@@ -27,8 +27,12 @@ rendered in full, as before):
   literal segments around the probes (a ``|tojson`` or an escape changes the
   probe's characters and fails this), and the recording render must equal the
   first of them (it calls the same compiled template with the same arguments).
-* **The template is deterministic.**  Templates that call ``strftime_now`` (the
-  date, in Llama 3.1's) or use the ``random`` filter or ``lipsum`` are not spliced.
+* **The template's syntax allows it** (checked on its parsed source): no
+  ``strftime_now`` (the date, in Llama 3.1's), ``random`` filter or ``lipsum``; and
+  nothing the probes cannot observe: a content given to C string code as an
+  argument (``x in 'text'`` with a variable ``x``, a method call, filter or test
+  with variable arguments), a ``tojson`` result used other than written out, or
+  output captured as a string (macros, ``call``/``filter``/``set`` blocks).
 
 Only chats whose messages are dicts of ``str``/``int``/``float``/``bool``
 values with a non-empty ``str`` ``content`` are spliced; the key of a structure
@@ -152,19 +156,56 @@ def _segments(text: str, probes: list[str]) -> list[str] | None:
     return segments
 
 
-def _deterministic(compiled: Any) -> bool:
-    """False when the template can render differently for the same inputs (the date, randomness)."""
-    import jinja2.nodes
+#: statements that capture rendered output as a string (which could then be inspected unseen)
+#: or bring in other templates
+_CAPTURING = ("Macro", "CallBlock", "FilterBlock", "AssignBlock", "Block", "Extends", "Include", "Import",
+              "FromImport")
+
+
+def _static_check(compiled: Any) -> bool:
+    """True when the template's syntax lets the probes see every use of a content
+    (see the module docstring); False for templates that may render differently for
+    the same inputs (the date, randomness) or may look at a content through code that
+    the probes cannot observe: C string functions given a content as an argument
+    (``x in 'text'``, ``'a'.join(...)``, a filter or test with variable arguments), a
+    ``tojson`` whose result is not written out directly, output captured as a string
+    (macros, call/filter/set blocks)."""
+    import jinja2.nodes as nodes
 
     try:
         ast = compiled.environment.parse(_source(compiled))
     except Exception:
         return False
-    for node in ast.find_all((jinja2.nodes.Name, jinja2.nodes.Filter)):
-        if isinstance(node, jinja2.nodes.Name) and node.name in ("strftime_now", "lipsum"):
+    parents: dict[int, Any] = {}
+    for node in ast.find_all(nodes.Node):
+        for child in node.iter_child_nodes():
+            parents[id(child)] = node
+    capturing = tuple(getattr(nodes, name) for name in _CAPTURING)
+    for node in ast.find_all(nodes.Node):
+        if isinstance(node, capturing):
             return False
-        if isinstance(node, jinja2.nodes.Filter) and node.name == "random":
+        if isinstance(node, nodes.Name) and node.name in ("strftime_now", "lipsum"):
             return False
+        if isinstance(node, nodes.Compare):
+            left = node.expr
+            for operand in node.ops:
+                if (operand.op in ("in", "notin") and not isinstance(left, nodes.Const)
+                        and not isinstance(operand.expr, (nodes.List, nodes.Tuple, nodes.Dict))):
+                    return False
+                left = operand.expr
+        elif isinstance(node, (nodes.Call, nodes.Filter, nodes.Test)):
+            if isinstance(node, nodes.Filter) and node.name == "random":
+                return False
+            arguments = [*node.args, *(k.value for k in node.kwargs), node.dyn_args, node.dyn_kwargs]
+            variable = any(arg is not None and not isinstance(arg, nodes.Const) for arg in arguments)
+            if variable and (not isinstance(node, nodes.Call) or isinstance(node.node, nodes.Getattr)):
+                return False  # a method or filter that may get a content as an argument
+            if isinstance(node, nodes.Filter) and node.name == "tojson":
+                parent = parents.get(id(node))
+                while isinstance(parent, (nodes.Add, nodes.Concat)):
+                    parent = parents.get(id(parent))
+                if not isinstance(parent, nodes.Output):
+                    return False  # its result may be looked at
     return True
 
 
@@ -189,13 +230,13 @@ def _compile(source: str) -> Any:
 class _TokenizerCache:
     """One tokenizer's spliceable structures, valid for one template and special-token map."""
 
-    __slots__ = ("compiled", "deterministic", "source", "special", "structures")
+    __slots__ = ("compiled", "checked", "source", "special", "structures")
 
     def __init__(self, source: str, special: dict[str, Any]) -> None:
         self.source = source
         self.special = special
         self.compiled: Any = None
-        self.deterministic: bool | None = None  # None: not checked yet
+        self.checked: bool | None = None  # the static check passed (None: not run yet)
         self.structures: dict[Any, _Splicer | None] = {}
 
 
@@ -237,10 +278,10 @@ def _with_contents(messages: list[dict[str, Any]], contents: list[Any]) -> list[
 def _build(tokenizer: Any, cache: _TokenizerCache, messages: list[dict[str, Any]],
            kwargs: dict[str, Any]) -> _Splicer | None:
     """Probe one structure (see the module docstring): its splicer, or None to render in full."""
-    if cache.deterministic is None:
+    if cache.checked is None:
         cache.compiled = _compile(cache.source)
-        cache.deterministic = cache.compiled is not None and _deterministic(cache.compiled)
-    if not cache.deterministic:
+        cache.checked = cache.compiled is not None and _static_check(cache.compiled)
+    if not cache.checked:
         return None
     n = len(messages)
     first, second = _probe_texts(n, 0), _probe_texts(n, 1)

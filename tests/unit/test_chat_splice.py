@@ -91,6 +91,16 @@ LOOKS_AT_CONTENT = [
     "{% set c = '%s' % m['content'] %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
     "{% set c = '<' + m['content'] %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",  # + keeps the mark
     "{{ m['content'] | e }}",
+    # ... and where the probes cannot see it (the syntax check refuses these)
+    "{% if m['content'] in '/cmd secret, x' %}[IN]{% endif %}{{ m['content'] }}",
+    "{% set c = ''.join([m['content']]) %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
+    "{% set c = 'x'.replace('x', m['content']) %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
+    "{% set c = 'x' | replace('x', m['content']) %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
+    "{% set c = m['content'] | tojson %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
+    "{% filter replace('secret', 'XXX') %}{{ m['content'] }}{% endfilter %}",
+    "{% set c %}{{ m['content'] }}{% endset %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
+    "{% macro r(x) %}{{ x }}{% endmacro %}{% set c = r(m['content']) %}{% if 'secret' in c %}[S]{% endif %}{{ c }}",
+    "{% if 'secret' is in m['content'] %}[S]{% endif %}{{ m['content'] }}",
     "{{ strftime_now('%Y') }} {{ m['content'] }}",  # the date: not deterministic
     "{{ m['content'] }}{{ range(3) | random }}",
 ]
@@ -118,6 +128,18 @@ def test_a_template_changed_in_place_is_followed():
     tok.eos_token = "<|im_start|>"  # the template sees the special tokens too
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
     assert render_chat(tok, messages) == _full(tok, messages) == "hi<|im_start|>"
+
+
+def test_the_syntax_check_keeps_the_common_forms():
+    tok = build_tiny_tokenizer()
+    tok.chat_template = (  # role tests against literal lists, tojson written out, constant method arguments
+        "{% for m in messages %}{% if m['role'] in ['user', 'system'] %}<|im_start|>{{ m['role'] }}\n"
+        "{% endif %}{{ m.get('name', '') }}{{ m['content'] + '<|im_end|>' }}{{ {'a': 1} | tojson }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": " hi "}]
+    for _ in range(2):
+        assert render_chat(tok, messages) == _full(tok, messages)
+    assert _splicers(tok) != [None]
 
 
 @pytest.mark.parametrize("messages", [

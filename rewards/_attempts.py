@@ -5,8 +5,9 @@
   An actor goes first as a bare call; a worker that has not set it up answers
   "not set up", and the call is re-sent allowing setup, under the actor's
   ``setup_timeout_seconds`` plus the attempt's timeout.
-* :meth:`Attempts.batched`: a first attempt in a micro-batch (:mod:`rewards._batch`);
-  a batch that failed as a batch, or an actor not set up, runs alone.
+* a first attempt in a micro-batch (:mod:`rewards._batch`) is run by the pool's
+  :meth:`~rewards.RewardPool.score_call` itself (one coroutine less per call); a
+  batch that failed as a batch, or an actor not set up, runs alone (:meth:`Attempts.in_worker`).
 * :meth:`Attempts.in_process`: an ``async def`` reward, as a trio call in this
   process (no worker slot); an async actor's ``setup()`` runs once per pool.
 
@@ -28,7 +29,7 @@ from engine.errors import RewardError
 
 from . import _worker
 from ._actor import RewardActor
-from ._batch import Batcher, BatchFailed
+from ._batch import Batcher
 from ._slots import JobTimeout, WorkerSlots
 
 __all__ = ["Attempts", "check_result"]
@@ -76,18 +77,6 @@ class Attempts:
                     tag, value = await slots.run_job(_worker.run_job, job, True, timeout=setup_timeout + timeout)
         finally:
             slots.release()
-        return check_result(tag, value, name)
-
-    async def batched(self, job: bytes, name: str, timeout: float, setup_timeout: float | None) -> float:
-        assert self.batcher is not None
-        try:
-            tag, value = await self.batcher.run(job, timeout)
-        except BatchFailed:  # another call's hang or crash: run this one on its own
-            return await self.in_worker(job, name, timeout, setup_timeout)
-        if tag == _worker.NOT_SET_UP:
-            return await self.in_worker(job, name, timeout, setup_timeout)
-        if tag == _worker.RAISED:
-            raise value
         return check_result(tag, value, name)
 
     async def in_process(self, fn: Any, name: str, args: tuple, data: dict, timeout: float) -> float:

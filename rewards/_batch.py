@@ -57,7 +57,7 @@ from . import _worker
 from ._options import DEFAULT_BATCH_SIZE
 from ._slots import WorkerSlots
 
-__all__ = ["BATCH_WORK_S", "DEFAULT_BATCH_SIZE", "BatchFailed", "Batcher"]
+__all__ = ["BATCH_WORK_S", "DEFAULT_BATCH_SIZE", "BatchFailed", "BatchItem", "Batcher"]
 
 #: Seconds of reward work one batch carries at most (from the measured mean call time).
 BATCH_WORK_S = 0.02
@@ -87,18 +87,67 @@ class _Running:
         return False
 
 
-class _Item:
-    __slots__ = ("abandoned", "done", "error", "failed", "job", "result", "running", "timeout")
+class BatchItem:
+    """One queued call (:meth:`Batcher.submit`).  Its caller sleeps in
+    ``trio.lowlevel.wait_task_rescheduled(item)`` until the batcher wakes it (the
+    item is its own abort function): no ``trio.Event``, parking lot, closure or
+    helper coroutine per call.  Then :meth:`outcome` gives the result; a caller
+    woken by a cancellation calls :meth:`leave` first."""
 
-    def __init__(self, job: bytes, timeout: float) -> None:
+    __slots__ = ("abandoned", "done", "error", "failed", "job", "result", "running", "task", "timeout")
+
+    def __init__(self, job: bytes, timeout: float, task: trio.lowlevel.Task | None) -> None:
         self.job = job
         self.timeout = timeout
-        self.done = trio.Event()
+        self.done = False
+        self.task = task  # the caller, while it waits
         self.result: tuple[str, Any] | None = None
         self.failed = False
         self.error: Exception | None = None  # a batch of one failed: the call's own failure
         self.abandoned = False
         self.running: _Running | None = None  # the batch it is in, once sent
+
+    def __call__(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        """The abort function: the caller was cancelled while waiting; it wakes with the cancellation."""
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def finish(self) -> None:
+        """Done: wake the caller if it still waits."""
+        self.done = True
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    async def leave(self) -> None:
+        """The caller gave up (cancelled): leave the queue, or the running batch; the
+        last caller of a running batch returns once its worker is killed, as an
+        unbatched call does."""
+        self.abandoned = True
+        self.task = None
+        if self.running is not None and not self.done and self.running.leave():
+            with trio.CancelScope(shield=True):
+                self.task = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(_not_abortable)
+
+    def outcome(self) -> tuple[str, Any]:
+        """The call's tagged result (see :mod:`rewards._worker`), once woken.
+
+        Raises:
+            BatchFailed: the batch timed out or its worker died (re-run the call alone).
+            Exception: the call ran alone and its job failed (the pool's timeout or
+                ``BrokenWorkerError``): this attempt's own failure, as without batching.
+        """
+        if self.error is not None:
+            raise self.error
+        if self.failed:
+            raise BatchFailed
+        assert self.result is not None
+        return self.result
+
+
+def _not_abortable(raise_cancel: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
 
 
 class Batcher:
@@ -126,7 +175,7 @@ class Batcher:
         self._max_delay_s = max_delay_s
         self._work_s = work_s
         self.call_s: float | None = None  # mean seconds per call (EWMA); None: not measured yet
-        self._send, self._receive = trio.open_memory_channel[_Item](math.inf)
+        self._send, self._receive = trio.open_memory_channel[BatchItem](math.inf)
 
     def cap(self) -> int:
         """The most calls the next batch may carry: ``work_s / call_s`` within
@@ -143,6 +192,22 @@ class Batcher:
         else:
             self.call_s += _EWMA_WEIGHT * (per_call_s - self.call_s)
 
+    def submit(self, job: bytes, timeout: float) -> BatchItem:
+        """Queue one job for the calling task, which must then wait for it::
+
+            item = batcher.submit(job, timeout)
+            try:
+                await trio.lowlevel.wait_task_rescheduled(item)
+            except BaseException:
+                await item.leave()
+                raise
+            tag, value = item.outcome()
+
+        (:meth:`run` in one call; the pool does it inline, one coroutine less per call)."""
+        item = BatchItem(job, timeout, trio.lowlevel.current_task())
+        self._send.send_nowait(item)
+        return item
+
     async def run(self, job: bytes, timeout: float) -> tuple[str, Any]:
         """Run one job in a batch; its tagged result (see :mod:`rewards._worker`).
 
@@ -151,24 +216,15 @@ class Batcher:
             Exception: the call ran alone and its job failed (the pool's timeout or
                 ``BrokenWorkerError``): this attempt's own failure, as without batching.
         """
-        item = _Item(job, timeout)
-        self._send.send_nowait(item)
+        item = self.submit(job, timeout)
         try:
-            await item.done.wait()
+            await trio.lowlevel.wait_task_rescheduled(item)
         except BaseException:  # cancelled: leave the queue (or the running batch)
-            item.abandoned = True
-            if item.running is not None and not item.done.is_set() and item.running.leave():
-                with trio.CancelScope(shield=True):  # the last caller: return once the worker is killed,
-                    await item.done.wait()  # as an unbatched call does
+            await item.leave()
             raise
-        if item.error is not None:
-            raise item.error
-        if item.failed:
-            raise BatchFailed
-        assert item.result is not None
-        return item.result
+        return item.outcome()
 
-    async def _next_live(self) -> _Item:
+    async def _next_live(self) -> BatchItem:
         while True:
             item = await self._receive.receive()
             if not item.abandoned:
@@ -204,7 +260,7 @@ class Batcher:
             else:
                 self._nursery.start_soon(self._run_batch, batch, borrower)
 
-    async def _run_batch(self, batch: list[_Item], borrower: object) -> None:
+    async def _run_batch(self, batch: list[BatchItem], borrower: object) -> None:
         slots = self._slots
         try:
             live = [item for item in batch if not item.abandoned]
@@ -245,4 +301,4 @@ class Batcher:
             for item in batch:
                 if item.result is None:
                     item.failed = True
-                item.done.set()
+                item.finish()

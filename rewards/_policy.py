@@ -19,6 +19,11 @@ dead workers and other exceptions (``OSError``, ``ValueError``,
 ``trio.ClosedResourceError`` (a closed pool) are deterministic too: raised at once.
 
 Warnings go to the ``rollout.rewards._policy`` logger.
+
+The pool runs the attempts in its own coroutine (:meth:`~rewards.RewardPool.score_call`:
+no coroutine, closure or partial per layer stays alive while a reward runs) and asks
+:func:`attempt_failed` about each failure and :func:`give_up` after the last one;
+:func:`run_with_policy` is the same loop over attempt callables.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from engine.errors import RewardError
 from ._slots import JobTimeout
 from ._stats import Counters, RewardOutcome
 
-__all__ = ["DETERMINISTIC_ERRORS", "run_with_policy"]
+__all__ = ["DETERMINISTIC_ERRORS", "attempt_failed", "give_up", "run_with_policy"]
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
@@ -45,6 +50,82 @@ DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 Attempt = Callable[[], Awaitable[float]]
+
+#: why an attempt failed, for :func:`give_up`
+TIMEOUT, DIED, RAISED = "timeout", "died", "raised"
+
+
+def attempt_failed(
+    exc: Exception, number: int, attempts: int, name: str, timeout_seconds: float, counters: Counters,
+) -> tuple[str, Exception | None] | None:
+    """Classify attempt ``number``'s (of ``attempts``) exception; call it in the ``except`` block.
+
+    Returns:
+        ``(why, error)`` (:data:`TIMEOUT` / :data:`DIED` / :data:`RAISED`) for a failure the
+        policy retries (warned about here; counted in ``counters.timeouts``), or None: the
+        exception is deterministic as it is (an invalid value, an unpicklable job, a closed
+        pool): re-raise it unchanged.
+
+    Raises:
+        RewardError: the reward raised one of :data:`DETERMINISTIC_ERRORS` (chained to it).
+    """
+    last = number == attempts
+    then = "giving up" if last else "retrying"
+    if isinstance(exc, JobTimeout):
+        counters.timeouts += 1
+        if not last:
+            logger.warning(
+                "reward function %s timed out after %s s (attempt %s/%s); worker killed; retrying",
+                name, timeout_seconds, number, attempts,
+            )
+        return TIMEOUT, None
+    if isinstance(exc, trio_parallel.BrokenWorkerError):
+        logger.warning(
+            "worker process died while running reward function %s (attempt %s/%s): %s; %s",
+            name, number, attempts, exc, then,
+        )
+        return DIED, exc
+    if isinstance(exc, (RewardError, trio.ClosedResourceError)):
+        return None  # deterministic: invalid value, unpicklable job, closed pool
+    if isinstance(exc, DETERMINISTIC_ERRORS):  # raised by the user's function, the same on every attempt
+        raise RewardError(
+            f"reward function {name} raised {type(exc).__name__}: {exc} (attempt {number}/{attempts}; "
+            f"not retried: a {type(exc).__name__} does not go away on retry)"
+        ) from exc
+    logger.warning(  # raised by the user's reward function
+        "reward function %s raised %s: %s (attempt %s/%s); %s",
+        name, type(exc).__name__, exc, number, attempts, then,
+    )
+    return RAISED, exc
+
+
+def give_up(
+    why: str, error: Exception | None, attempts: int, *, name: str, start: float, timeout_seconds: float,
+    fallback_reward: float,
+) -> RewardOutcome:
+    """The end of a call whose last attempt failed (``why``, ``error``: :func:`attempt_failed`'s).
+
+    Returns:
+        The flagged fallback :class:`~rewards.RewardOutcome` (every attempt timed out).
+
+    Raises:
+        RewardError: the last attempt raised or its worker died (chained to ``error``).
+    """
+    if why == RAISED:
+        raise RewardError(
+            f"reward function {name} raised {type(error).__name__}: {error} (attempt {attempts}/{attempts})"
+        ) from error
+    if why == DIED:
+        raise RewardError(
+            f"the worker process running reward function {name} died ({error}) (attempt {attempts}/{attempts})"
+        ) from error
+    logger.warning(
+        "reward function %s timed out after %s s on each of %s attempts; returning fallback reward %s",
+        name, timeout_seconds, attempts, fallback_reward,
+    )
+    return RewardOutcome(
+        reward=fallback_reward, is_fallback=True, attempts=attempts, latency_s=trio.current_time() - start
+    )
 
 
 async def run_with_policy(
@@ -74,62 +155,25 @@ async def run_with_policy(
         A :class:`~rewards.RewardOutcome`; ``is_fallback`` when every attempt timed out.
 
     Raises:
-        RewardError: the last attempt raised or its worker died, or an attempt
+        RewardError: the last attempt raised, its worker died, or an attempt
             raised a deterministic error (see the module docstring).
         trio.ClosedResourceError: the pool closed.
     """
     attempts = max_retries + 1
-    failure, error = "timeout", None  # why the latest attempt failed
+    why, error = TIMEOUT, None
     for number in range(1, attempts + 1):
         if number > 1:
             counters.retries += 1
-        last = number == attempts
-        then = "giving up" if last else "retrying"
         try:
             reward = await (first if number == 1 else attempt)()
-        except JobTimeout:
-            counters.timeouts += 1
-            failure, error = "timeout", None
-            if not last:
-                logger.warning(
-                    "reward function %s timed out after %s s (attempt %s/%s); worker killed; retrying",
-                    name, timeout_seconds, number, attempts,
-                )
-        except trio_parallel.BrokenWorkerError as exc:
-            failure, error = "died", exc
-            logger.warning(
-                "worker process died while running reward function %s (attempt %s/%s): %s; %s",
-                name, number, attempts, exc, then,
-            )
-        except (RewardError, trio.ClosedResourceError):
-            raise  # deterministic: invalid value, unpicklable job, closed pool
-        except DETERMINISTIC_ERRORS as exc:  # raised by the user's function, the same on every attempt
-            raise RewardError(
-                f"reward function {name} raised {type(exc).__name__}: {exc} (attempt {number}/{attempts}; "
-                f"not retried: a {type(exc).__name__} does not go away on retry)"
-            ) from exc
-        except Exception as exc:  # raised by the user's reward function
-            failure, error = "raised", exc
-            logger.warning(
-                "reward function %s raised %s: %s (attempt %s/%s); %s",
-                name, type(exc).__name__, exc, number, attempts, then,
-            )
+        except Exception as exc:
+            failed = attempt_failed(exc, number, attempts, name, timeout_seconds, counters)
+            if failed is None:
+                raise
+            why, error = failed
         else:
             return RewardOutcome(
                 reward=reward, is_fallback=False, attempts=number, latency_s=trio.current_time() - start
             )
-    if failure == "raised":
-        raise RewardError(
-            f"reward function {name} raised {type(error).__name__}: {error} (attempt {attempts}/{attempts})"
-        ) from error
-    if failure == "died":
-        raise RewardError(
-            f"the worker process running reward function {name} died ({error}) (attempt {attempts}/{attempts})"
-        ) from error
-    logger.warning(
-        "reward function %s timed out after %s s on each of %s attempts; returning fallback reward %s",
-        name, timeout_seconds, attempts, fallback_reward,
-    )
-    return RewardOutcome(
-        reward=fallback_reward, is_fallback=True, attempts=attempts, latency_s=trio.current_time() - start
-    )
+    return give_up(why, error, attempts, name=name, start=start, timeout_seconds=timeout_seconds,
+                   fallback_reward=fallback_reward)

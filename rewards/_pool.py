@@ -39,9 +39,8 @@ that :class:`~rewards.AsyncRewardWrapper` finds the engine's pool.
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -51,12 +50,12 @@ import trio_parallel
 from engine.errors import RewardError
 
 from . import _worker
-from ._attempts import Attempts
-from ._batch import Batcher
+from ._attempts import Attempts, check_result
+from ._batch import Batcher, BatchFailed
 from ._context import pool_in_context, record_outcome, using_pool
 from ._options import RewardPoolOptions
 from ._pickling import check_signature, describe_fn, is_async, pickle_job, reward_data
-from ._policy import run_with_policy
+from ._policy import attempt_failed, give_up
 from ._slots import WorkerSlots
 from ._stats import Counters, RewardOutcome, RewardPoolStatistics
 
@@ -64,6 +63,8 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["RewardPool", "current_reward_pool", "open_reward_pool", "serving"]
+
+_NO_DATA: dict[str, Any] = {}  # a sync call's data once pickled (never mutated)
 
 
 class RewardPool:
@@ -104,16 +105,17 @@ class RewardPool:
         busy, idle = self._slots.worker_counts()
         return self._counters.snapshot(self.max_workers, busy, idle)
 
-    async def score(
+    def score(
         self, reward_fn: Callable[..., Any], prompt: Any, completions: Any, prompt_ids: Any, completion_ids: Any,
         /, **data: Any,
-    ) -> RewardOutcome:
+    ) -> Coroutine[Any, Any, RewardOutcome]:
         """Compute ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)``.
 
         A sync ``reward_fn`` runs in a worker process, an ``async def`` one
         in-process; a :class:`~rewards.RewardActor` is set up first where
         needed.  Each attempt gets ``timeout_seconds``; see :mod:`rewards._policy`
-        for the retry policy.
+        for the retry policy.  Use as ``await pool.score(...)``: it returns the
+        coroutine of :meth:`score_call` (no coroutine of its own in between).
 
         Returns:
             A :class:`RewardOutcome`; ``is_fallback`` is True if every attempt timed out.
@@ -125,7 +127,7 @@ class RewardPool:
             trio.Cancelled: the caller was cancelled; the worker was killed first.
             trio.ClosedResourceError: the pool's ``async with`` block has exited.
         """
-        return await self.score_call(reward_fn, (prompt, completions, prompt_ids, completion_ids), reward_data(data))
+        return self.score_call(reward_fn, (prompt, completions, prompt_ids, completion_ids), reward_data(data))
 
     async def score_call(
         self, reward_fn: Any, args: tuple, data: dict[str, Any], *,
@@ -134,29 +136,64 @@ class RewardPool:
         """``reward_fn(*args, **data)`` under the pool's policy, or a per-call
         ``timeout_seconds`` / ``max_retries`` (:class:`~rewards.AsyncRewardWrapper`'s).
 
-        Returns and raises as :meth:`score`.
+        Returns and raises as :meth:`score`.  Every attempt runs in this one
+        coroutine (the policy's decisions are :func:`~rewards._policy.attempt_failed`
+        and :func:`~rewards._policy.give_up`).
         """
         if self.closed:
             raise trio.ClosedResourceError("the reward pool is closed")
         timeout = self.options.timeout_seconds if timeout_seconds is None else timeout_seconds
-        retries = self.options.max_retries if max_retries is None else max_retries
-        counters, attempts = self._counters, self._attempts
+        attempts = (self.options.max_retries if max_retries is None else max_retries) + 1
+        counters, attempt = self._counters, self._attempts
         name = describe_fn(reward_fn)
         start = trio.current_time()
         counters.calls += 1
         counters.busy += 1
         try:
-            if is_async(reward_fn):
-                first = attempt = functools.partial(attempts.in_process, reward_fn, name, args, data, timeout)
-            else:
+            job: bytes | None = None
+            setup_timeout: float | None = None
+            if not is_async(reward_fn):
                 job, setup_timeout = pickle_job(reward_fn, name, args, data)
-                first = attempt = functools.partial(attempts.in_worker, job, name, timeout, setup_timeout)
-                if attempts.batcher is not None:
-                    first = functools.partial(attempts.batched, job, name, timeout, setup_timeout)
-            outcome = await run_with_policy(
-                first, attempt, name=name, start=start, timeout_seconds=timeout, max_retries=retries,
-                fallback_reward=self.options.fallback_reward, counters=counters,
-            )
+                args, data = (), _NO_DATA  # the job holds them: not kept alive while the reward runs
+            number = 1
+            while True:
+                try:
+                    if job is None:
+                        reward = await attempt.in_process(reward_fn, name, args, data, timeout)
+                    elif number == 1 and attempt.batcher is not None:
+                        item = attempt.batcher.submit(job, timeout)
+                        try:
+                            await trio.lowlevel.wait_task_rescheduled(item)
+                        except BaseException:  # cancelled: leave the queue (or the running batch)
+                            await item.leave()
+                            raise
+                        try:
+                            tag, value = item.outcome()
+                        except BatchFailed:  # another call's hang or crash: run this one on its own
+                            tag = _worker.NOT_SET_UP
+                        if tag == _worker.NOT_SET_UP:  # (or an actor not set up there: alone, with setup)
+                            reward = await attempt.in_worker(job, name, timeout, setup_timeout)
+                        elif tag == _worker.RAISED:
+                            raise value
+                        else:
+                            reward = check_result(tag, value, name)
+                    else:
+                        reward = await attempt.in_worker(job, name, timeout, setup_timeout)
+                except Exception as exc:
+                    failed = attempt_failed(exc, number, attempts, name, timeout, counters)
+                    if failed is None:
+                        raise
+                    why, error = failed
+                    if number == attempts:
+                        outcome = give_up(why, error, attempts, name=name, start=start, timeout_seconds=timeout,
+                                          fallback_reward=self.options.fallback_reward)
+                        break
+                    number += 1
+                    counters.retries += 1
+                else:
+                    outcome = RewardOutcome(reward=reward, is_fallback=False, attempts=number,
+                                            latency_s=trio.current_time() - start)
+                    break
         except RewardError:
             counters.errors += 1
             raise

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from engine.chat_splice import render_chat
 from engine.encode import encode_prompt
 from engine.data import concat_padded_tensors
 from engine.episode_context import episode_id, sample_index
@@ -41,7 +42,7 @@ def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking:
     kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
     backend = rust_tokenizer(tokenizer)
     if backend is not None:  # what tokenize=True does, minus transformers' per-call overhead
-        text = tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
+        text = render_chat(tokenizer, data["messages"], **kwargs)  # the template rendered once per chat structure
         return encode_prompt(backend, text)  # the pieces between special tokens, repeated ones cached
     ids = tokenizer.apply_chat_template(
         data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
@@ -60,20 +61,30 @@ def _decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
     return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-def _messages_key(messages: Any) -> str | None:
-    """A key for a chat whose messages are dicts of plain values (str, int,
-    float, bool, None): the ``repr`` of their items, a string (no tracked
-    objects for the GC to walk); None (do not cache) for anything else, e.g.
-    images or tool calls given as objects."""
+#: a value's type in a prompt key, so that equal keys mean equal messages (``1``, ``1.0`` and ``True``
+#: are equal in Python but render differently)
+_KEY_TAGS = {str: "s", int: "i", bool: "b", float: "f", type(None): "n"}
+
+
+def _messages_key(messages: Any, prefix: str) -> tuple[Any, ...] | None:
+    """A key for a chat whose messages are dicts with ``str`` keys and plain values (str,
+    int, float, bool, None): ``prefix`` then each field's name, type tag and value (a
+    float's ``repr``), a tuple of strings and numbers (nothing for the GC to walk once
+    examined); None (do not cache) for anything else, e.g. images or tool calls given
+    as objects."""
     if type(messages) is not list:
         return None
+    key: list[Any] = [prefix]
     for message in messages:
         if type(message) is not dict:
             return None
-        for value in message.values():
-            if value is not None and type(value) not in (str, int, float, bool):
+        for name, value in message.items():
+            tag = _KEY_TAGS.get(type(value))
+            if tag is None or type(name) is not str:
                 return None
-    return repr([tuple(m.items()) for m in messages])
+            key += (name, tag, repr(value) if tag == "f" else value)
+        key.append(None)  # end of the message
+    return tuple(key)
 
 
 class _Prompt:
@@ -154,15 +165,15 @@ class RLVRWorkflow(RolloutWorkflow):
         self.get_input_ids_fn = get_input_ids_fn
         self.prompt_cache_size = prompt_cache_size if get_input_ids_fn is default_get_input_ids else 0
         # key -> (ids as the bytes of an array('l'), decoded text or None): compact, and (strings,
-        # bytes, a tuple of them) nothing the garbage collector has to walk on every full collection
-        self._prompts: collections.OrderedDict[str, tuple[bytes, str | None]] = collections.OrderedDict()
+        # numbers, bytes, tuples of them) nothing the garbage collector has to walk on every full collection
+        self._prompts: collections.OrderedDict[tuple[Any, ...], tuple[bytes, str | None]] = (
+            collections.OrderedDict())
         self._sample_cfg = self.gconfig.new(n_samples=1)  # shared by every request (never mutated)
         self._tokenizer_file = tokenizer_file(tokenizer)  # None: decode in-process
 
     def _prompt(self, data: dict[str, Any]) -> _Prompt:
-        key = _messages_key(data.get("messages")) if self.prompt_cache_size else None
+        key = _messages_key(data.get("messages"), repr(self.enable_thinking)) if self.prompt_cache_size else None
         if key is not None:
-            key = f"{self.enable_thinking!r}:{key}"
             cached = self._prompts.get(key)
             if cached is not None:
                 self._prompts.move_to_end(key)

@@ -121,6 +121,33 @@ async def test_cancelling_the_caller_kills_the_worker(tmp_path):
         assert not (await pool.score(fx.return_pid, *ARGS)).is_fallback
 
 
+async def test_a_call_in_flight_is_one_coroutine_of_the_pool(tmp_path):
+    """While a (batched, the default) reward runs, the caller's await chain holds one
+    coroutine of the pool: ``score`` returns ``score_call``'s, which waits on trio itself."""
+    fifo = make_fifo(tmp_path)
+    chain: list[str] = []
+    async with open_reward_pool(max_workers=1, timeout_seconds=60.0, max_retries=0) as pool:
+        assert pool.options.batch_size > 1
+        call = pool.score(fx.announce_pid_then_sleep, *ARGS, fifo=fifo)
+        assert call.cr_code.co_qualname == "RewardPool.score_call"
+        tasks = []
+
+        async def caller():
+            tasks.append(trio.lowlevel.current_task())
+            await call
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            pid = await read_pid(fifo)
+            awaited = tasks[0].coro.cr_await
+            while awaited is not None and hasattr(awaited, "cr_code"):
+                chain.append(awaited.cr_code.co_qualname)
+                awaited = awaited.cr_await
+            nursery.cancel_scope.cancel()
+        assert_process_gone(pid)  # cancelling the call killed its worker
+    assert chain == ["RewardPool.score_call", "wait_task_rescheduled"]
+
+
 async def test_a_dead_worker_is_replaced_and_the_call_retried(tmp_path):
     marker = tmp_path / "crashed"
     async with open_reward_pool(timeout_seconds=10.0, max_retries=1) as pool:

@@ -12,6 +12,7 @@ import torch
 
 import reward_fixtures
 from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
+from engine.chat_splice import render_chat
 from engine.datasets import builtin_arith, to_item
 from engine.testing import build_tiny_tokenizer
 from engine.types import GenerationHyperparameters
@@ -49,7 +50,7 @@ async def test_a_group_and_a_second_epoch_encode_each_prompt_once():
     tok = build_tiny_tokenizer()
     items = [to_item(row) for row in builtin_arith(3)]
     workflow = RLVRWorkflow(reward_fixtures.length_reward, GenerationHyperparameters(max_new_tokens=8), tok)
-    with mock.patch.object(tok, "apply_chat_template", wraps=tok.apply_chat_template) as render:
+    with mock.patch("workflows.rlvr.render_chat", wraps=render_chat) as render:
         async with open_rollout_engine(_sim(tok), EngineConfig(reward_max_workers=1)) as engine:
             for _ in range(2):  # two epochs
                 for item in items:
@@ -105,3 +106,15 @@ async def test_a_duck_typed_reward_pool_gets_text(reward_pool):
         batch = await engine.rollout_batch(items, workflow)  # text_digest asserts it got str, not TokenText
     assert reward_pool.calls == 2
     assert batch["rewards"].tolist() == [_digest(tok, batch, i) for i in range(2)]
+
+
+def test_the_cache_tells_apart_values_that_python_calls_equal():
+    tok = build_tiny_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}={{ m['x'] }}\n{% endfor %}"
+    workflow = RLVRWorkflow(reward_fixtures.length_reward, GenerationHyperparameters(), tok)
+    values = [1, True, 1.0, 0.0, -0.0, "1", None]  # 1 == True == 1.0, 0.0 == -0.0: rendered differently
+    for _ in range(2):
+        for value in values:
+            item = {"messages": [{"role": "user", "content": "v", "x": value}]}
+            assert workflow._prompt(item).ids == default_get_input_ids(tok, item, None)
+    assert len(workflow._prompts) == len(values)

@@ -159,34 +159,96 @@ def unpack_frame(frame: bytearray) -> list[Any]:
 
 
 # -- results -------------------------------------------------------------------------------------
-def encode_results(results: list[Any]) -> tuple[list[Any], list[Any], list[pickle.PickleBuffer]]:
-    """:class:`~engine.executor.EpisodeResult` s as plain values, without their ``data``
-    (the coordinator holds the dataset items), trajectories in columns: each
-    ``(key, dtype)`` of every trajectory in the batch is one flat buffer sent out of
-    band, so a frame costs a few buffers whatever the episodes in it.  A trajectory
-    holding anything but tensors is pickled whole instead (slower)."""
+def _tensor_fields(traj: Any) -> dict[str, Any] | None:
+    """The fields of a flat trajectory of plain tensors (a dict), else None."""
+    import torch
+    from tensordict import TensorDict
+
+    fields = traj._tensordict if type(traj) is TensorDict else dict(traj.items())
+    if not all(type(v) is torch.Tensor for v in fields.values()):
+        return None
+    return fields  # type: ignore[no-any-return]
+
+
+#: how a column is cut back into tensors: ROWS (every tensor ``[1, T]``: split along
+#: dim 1), FLAT (every tensor 1-D: split), SHAPED (anything else: split, then view)
+ROWS, FLAT, SHAPED = 0, 1, 2
+
+
+def _column(tensors: list[Any], shapes: list[tuple[int, ...]]) -> tuple[int, Any]:
+    """The tensors of one field of one layout as one contiguous byte array (numpy, to
+    pickle out of band; bytes, so that any dtype travels) and how to cut it back."""
     import torch
 
-    columns: dict[tuple[str, Any], list[Any]] = {}
+    if all(len(s) == 2 and s[0] == 1 for s in shapes):
+        mode, flat = ROWS, torch.cat(tensors, dim=1)  # [1, sum T]: no per-tensor reshape
+    elif all(len(s) == 1 for s in shapes):
+        mode, flat = FLAT, torch.cat(tensors)
+    else:
+        mode, flat = SHAPED, torch.cat([t.reshape(-1) for t in tensors])
+    try:
+        return mode, flat.numpy()
+    except TypeError:  # a dtype numpy lacks (bfloat16): its bytes
+        return mode, flat.view(-1).view(torch.uint8).numpy()
+
+
+def encode_results(results: list[Any]) -> tuple[list[Any], list[Any], list[pickle.PickleBuffer]]:
+    """:class:`~engine.executor.EpisodeResult` s as plain values, without their ``data``
+    (the coordinator holds the dataset items), trajectories in columns.
+
+    Trajectories with the same fields (names and dtypes, in order) share a layout;
+    each field of each layout is one flat buffer for the whole frame, sent out of
+    band, so a frame costs a few buffers whatever the episodes in it, and a
+    trajectory costs its batch size and field shapes on the wire.  A trajectory
+    holding anything but plain tensors is pickled whole instead (slower).
+
+    Returns ``(metas, layouts, buffers)``: per result ``(task_id, status, packed,
+    reason, error_type, error_message, member_errors, elapsed_s)`` with ``packed``
+    None (no trajectory), ``(layout, batch_size, shapes)`` or the trajectory itself;
+    per layout ``(names, dtypes, modes)`` (``modes``: :data:`ROWS`, :data:`FLAT` or
+    :data:`SHAPED` per field); the buffers, layout by layout, field by field.
+    """
+    layouts: dict[tuple[Any, ...], int] = {}
+    tensors: list[list[list[Any]]] = []  # per layout, per field
+    shapes: list[list[tuple[tuple[int, ...], ...]]] = []  # per layout, per trajectory
     metas = []
     for r in results:
-        traj, packed = r.trajectory, None
+        traj = packed = r.trajectory
         if traj is not None:
-            values = list(traj.items())
-            if all(type(v) is torch.Tensor for _, v in values):
-                spec = []
-                for k, v in values:
-                    columns.setdefault((k, v.dtype), []).append(v.reshape(-1))
-                    spec.append((k, v.dtype, tuple(v.shape)))
-                packed = (int(traj.batch_size[0]), spec)
-            else:
-                packed = traj
+            fields = _tensor_fields(traj)
+            if fields is not None:
+                values = tuple(fields.values())
+                key = (tuple(fields), tuple(v.dtype for v in values))
+                index = layouts.get(key)
+                if index is None:
+                    index = layouts[key] = len(tensors)
+                    tensors.append([[] for _ in values])
+                    shapes.append([])
+                for column, v in zip(tensors[index], values):
+                    column.append(v)
+                dims = tuple(tuple(v.shape) for v in values)
+                shapes[index].append(dims)
+                packed = (index, tuple(traj.batch_size), dims)
         metas.append((r.task_id, r.status, packed, r.reason, r.error_type, r.error_message, r.member_errors,
                       r.elapsed_s))
-    keys = list(columns)
-    arrays: list[Any] = [torch.cat(columns[key]).numpy() for key in keys]
-    buffers = [pickle.PickleBuffer(a) for a in arrays]
-    return metas, keys, buffers
+    described, buffers = [], []
+    for (names, dtypes), columns, dims in zip(layouts, tensors, shapes):
+        modes = []
+        for j, column in enumerate(columns):
+            mode, array = _column(column, [d[j] for d in dims])
+            modes.append(mode)
+            buffers.append(pickle.PickleBuffer(array))
+        described.append((names, dtypes, tuple(modes)))
+    return metas, described, buffers
+
+
+def _split(column: Any, mode: int, shapes: list[tuple[int, ...]]) -> Any:
+    """``column`` cut into views of ``shapes`` (one call but for :data:`SHAPED`)."""
+    if mode == ROWS:
+        return column.view(1, -1).split_with_sizes([s[1] for s in shapes], 1)
+    if mode == FLAT:
+        return column.split_with_sizes([s[0] for s in shapes])
+    return [piece.view(s) for piece, s in zip(column.split_with_sizes([math.prod(s) for s in shapes]), shapes)]
 
 
 def decode_results(payload: tuple[list[Any], list[Any], list[Any]]) -> list[tuple[tuple[Any, ...], Any]]:
@@ -196,27 +258,29 @@ def decode_results(payload: tuple[list[Any], list[Any], list[Any]]) -> list[tupl
     import torch
     from tensordict import TensorDict
 
-    metas, keys, buffers = payload
-    columns = {}
-    for key, buf in zip(keys, buffers):
-        view = memoryview(buf)
-        columns[key] = torch.frombuffer(view, dtype=key[1]) if view.nbytes else torch.empty(0, dtype=key[1])
-    offsets = dict.fromkeys(keys, 0)
-    out = []
-    for values in metas:
+    metas, layouts, buffers = payload
+    members: list[list[int]] = [[] for _ in layouts]  # per layout: its results
+    for i, values in enumerate(metas):
         packed = values[2]
-        traj = packed
         if type(packed) is tuple:
-            rows, spec = packed
-            fields = {}
-            for k, dtype, shape in spec:
-                key = (k, dtype)
-                n = math.prod(shape)
-                start = offsets[key]
-                fields[k] = columns[key][start:start + n].view(shape)
-                offsets[key] = start + n
-            traj = TensorDict(fields, batch_size=[rows])
-        out.append((values, traj))
+            members[packed[0]].append(i)
+    out: list[Any] = [(values, values[2]) for values in metas]
+    new = getattr(TensorDict, "_new_unsafe", None) or TensorDict  # (tensordict >= 0.5: no per-field checks)
+    sizes: dict[tuple[int, ...], torch.Size] = {}
+    b = 0
+    for (names, dtypes, modes), who in zip(layouts, members):
+        packs = [metas[i][2] for i in who]
+        per_field = []
+        for j, (dtype, mode) in enumerate(zip(dtypes, modes)):
+            view = memoryview(buffers[b])
+            b += 1
+            column = torch.frombuffer(view, dtype=dtype) if view.nbytes else torch.empty(0, dtype=dtype)
+            per_field.append(_split(column, mode, [p[2][j] for p in packs]))
+        for i, p, fields in zip(who, packs, zip(*per_field) if per_field else [()] * len(who)):
+            size = sizes.get(p[1])
+            if size is None:
+                size = sizes[p[1]] = torch.Size(p[1])
+            out[i] = (metas[i], new(dict(zip(names, fields)), batch_size=size))
     return out
 
 

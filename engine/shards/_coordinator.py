@@ -257,10 +257,13 @@ class ShardedRolloutEngine(RolloutEngine):
         if self._holding_admission:
             return
         touched = []
-        staleness, buffer, log = self._staleness, self._buffer, self.admission_log
-        while (self._queue and not self._closed and self._live and self._unpaused.is_set()
-               and buffer.rows < buffer.capacity and staleness.capacity(self._version) > 0):
-            task = self._queue.popleft()
+        staleness, buffer, log, queue = self._staleness, self._buffer, self.admission_log, self._queue
+        if not (queue and not self._closed and self._live and self._unpaused.is_set()
+                and buffer.rows < buffer.capacity):
+            return
+        # each admission lowers both terms of the capacity by one (running += 1): computed once per pass
+        for _ in range(min(len(queue), staleness.capacity(self._version))):
+            task = queue.popleft()
             self._counts["queued"] -= 1
             self._counts["running"] += 1
             staleness.running += 1

@@ -167,7 +167,7 @@ def _tensor_fields(traj: Any) -> dict[str, Any] | None:
     fields = traj._tensordict if type(traj) is TensorDict else dict(traj.items())
     if not all(type(v) is torch.Tensor for v in fields.values()):
         return None
-    return fields  # type: ignore[no-any-return]
+    return fields
 
 
 #: how a column is cut back into tensors: ROWS (every tensor ``[1, T]``: split along
@@ -232,10 +232,10 @@ def encode_results(results: list[Any]) -> tuple[list[Any], list[Any], list[pickl
         metas.append((r.task_id, r.status, packed, r.reason, r.error_type, r.error_message, r.member_errors,
                       r.elapsed_s))
     described, buffers = [], []
-    for (names, dtypes), columns, dims in zip(layouts, tensors, shapes):
+    for (names, dtypes), columns, layout_shapes in zip(layouts, tensors, shapes):
         modes = []
         for j, column in enumerate(columns):
-            mode, array = _column(column, [d[j] for d in dims])
+            mode, array = _column(column, [d[j] for d in layout_shapes])
             modes.append(mode)
             buffers.append(pickle.PickleBuffer(array))
         described.append((names, dtypes, tuple(modes)))

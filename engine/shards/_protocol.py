@@ -26,10 +26,15 @@ Shard -> coordinator::
     ("reply", call_id, ok, value)
     ("stats", EngineStatistics)                    the shard engine's, every stats_interval_s
 
-Trajectories travel in columns (:func:`encode_results`): one flat buffer per field
-and dtype for all the results of a frame, out of band; pickling a TensorDict costs
-~1 ms (measured on the 2-core box).  The tensors are rebuilt with ``torch.frombuffer``
-as writable views of the received frame (no copy).
+Trajectories travel in columns (:func:`encode_results`): the trajectories of a frame
+that have the same fields (names, dtypes) form a layout, and each field of a layout
+is one flat buffer, out of band; per trajectory only its batch size and field shapes
+are pickled (pickling a TensorDict costs ~1 ms on the 2-core box).  The receiver
+cuts each buffer back with one ``split`` per field (``[1, T]`` fields along dim 1,
+1-D ones along dim 0), as writable views of the received frame (no copy), and wraps
+each trajectory's views in a TensorDict without re-checking them
+(``TensorDict._new_unsafe``): ~9 us per trajectory where a slice and view per field
+and a checked TensorDict cost ~35 us.
 """
 
 from __future__ import annotations

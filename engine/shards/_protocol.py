@@ -28,8 +28,8 @@ Shard -> coordinator::
 
 Trajectories travel in columns (:func:`encode_results`): the trajectories of a frame
 that have the same fields (names, dtypes) form a layout, and each field of a layout
-is one flat buffer, out of band; per trajectory only its batch size and field shapes
-are pickled (pickling a TensorDict costs ~1 ms on the 2-core box).  The receiver
+is one flat buffer, out of band, with the sizes to cut it by; per trajectory only an
+int is pickled (pickling a TensorDict costs ~1 ms on the 2-core box).  The receiver
 cuts each buffer back with one ``split`` per field (``[1, T]`` fields along dim 1,
 1-D ones along dim 0), as writable views of the received frame (no copy), and wraps
 each trajectory's views in a TensorDict without re-checking them
@@ -176,25 +176,28 @@ def _tensor_fields(traj: Any) -> dict[str, Any] | None:
 
 
 #: how a column is cut back into tensors: ROWS (every tensor ``[1, T]``: split along
-#: dim 1), FLAT (every tensor 1-D: split), SHAPED (anything else: split, then view)
+#: dim 1 by the ``T`` s), FLAT (every tensor 1-D: split by lengths), SHAPED (anything
+#: else: split by element counts, then view as each shape)
 ROWS, FLAT, SHAPED = 0, 1, 2
 
 
-def _column(tensors: list[Any], shapes: list[tuple[int, ...]]) -> tuple[int, Any]:
-    """The tensors of one field of one layout as one contiguous byte array (numpy, to
-    pickle out of band; bytes, so that any dtype travels) and how to cut it back."""
+def _column(tensors: list[Any]) -> tuple[int, list[Any], Any]:
+    """One field of one layout: how to cut it back, the sizes to cut it by, and its
+    tensors as one contiguous array (numpy, to pickle out of band; its bytes for a
+    dtype numpy lacks, e.g. bfloat16)."""
     import torch
 
+    shapes = [t.shape for t in tensors]
     if all(len(s) == 2 and s[0] == 1 for s in shapes):
-        mode, flat = ROWS, torch.cat(tensors, dim=1)  # [1, sum T]: no per-tensor reshape
+        mode, sizes, flat = ROWS, [s[1] for s in shapes], torch.cat(tensors, dim=1)  # no per-tensor reshape
     elif all(len(s) == 1 for s in shapes):
-        mode, flat = FLAT, torch.cat(tensors)
+        mode, sizes, flat = FLAT, [s[0] for s in shapes], torch.cat(tensors)
     else:
-        mode, flat = SHAPED, torch.cat([t.reshape(-1) for t in tensors])
+        mode, sizes, flat = SHAPED, [tuple(s) for s in shapes], torch.cat([t.reshape(-1) for t in tensors])
     try:
-        return mode, flat.numpy()
-    except TypeError:  # a dtype numpy lacks (bfloat16): its bytes
-        return mode, flat.view(-1).view(torch.uint8).numpy()
+        return mode, sizes, flat.numpy()
+    except TypeError:
+        return mode, sizes, flat.view(-1).view(torch.uint8).numpy()
 
 
 def encode_results(results: list[Any]) -> tuple[list[Any], list[Any], list[pickle.PickleBuffer]]:
@@ -203,19 +206,22 @@ def encode_results(results: list[Any]) -> tuple[list[Any], list[Any], list[pickl
 
     Trajectories with the same fields (names and dtypes, in order) share a layout;
     each field of each layout is one flat buffer for the whole frame, sent out of
-    band, so a frame costs a few buffers whatever the episodes in it, and a
-    trajectory costs its batch size and field shapes on the wire.  A trajectory
-    holding anything but plain tensors is pickled whole instead (slower).
+    band with the sizes to cut it by, so a trajectory costs nothing on the wire but
+    its tensors' bytes and an int.  A trajectory holding anything but plain tensors
+    is pickled whole instead (slower).
 
     Returns ``(metas, layouts, buffers)``: per result ``(task_id, status, packed,
     reason, error_type, error_message, member_errors, elapsed_s)`` with ``packed``
-    None (no trajectory), ``(layout, batch_size, shapes)`` or the trajectory itself;
-    per layout ``(names, dtypes, modes)`` (``modes``: :data:`ROWS`, :data:`FLAT` or
-    :data:`SHAPED` per field); the buffers, layout by layout, field by field.
+    None (no trajectory), the index of its layout (an int; its place in the layout is
+    its rank among the results of that layout) or the trajectory itself; per layout
+    ``(names, dtypes, batch_sizes, modes, sizes)`` (per trajectory its batch size; per
+    field :data:`ROWS`, :data:`FLAT` or :data:`SHAPED` and the sizes to cut by); the
+    buffers, layout by layout, field by field.
     """
     layouts: dict[tuple[Any, ...], int] = {}
     tensors: list[list[list[Any]]] = []  # per layout, per field
-    shapes: list[list[tuple[tuple[int, ...], ...]]] = []  # per layout, per trajectory
+    batches: list[list[tuple[int, ...]]] = []  # per layout, per trajectory
+    same: dict[tuple[int, ...], tuple[int, ...]] = {}  # one object per batch size: pickled once
     metas = []
     for r in results:
         traj = packed = r.trajectory
@@ -224,36 +230,36 @@ def encode_results(results: list[Any]) -> tuple[list[Any], list[Any], list[pickl
             if fields is not None:
                 values = tuple(fields.values())
                 key = (tuple(fields), tuple(v.dtype for v in values))
-                index = layouts.get(key)
-                if index is None:
-                    index = layouts[key] = len(tensors)
+                packed = layouts.get(key)
+                if packed is None:
+                    packed = layouts[key] = len(tensors)
                     tensors.append([[] for _ in values])
-                    shapes.append([])
-                for column, v in zip(tensors[index], values):
+                    batches.append([])
+                for column, v in zip(tensors[packed], values):
                     column.append(v)
-                dims = tuple(tuple(v.shape) for v in values)
-                shapes[index].append(dims)
-                packed = (index, tuple(traj.batch_size), dims)
+                size = tuple(traj.batch_size)
+                batches[packed].append(same.setdefault(size, size))
         metas.append((r.task_id, r.status, packed, r.reason, r.error_type, r.error_message, r.member_errors,
                       r.elapsed_s))
     described, buffers = [], []
-    for (names, dtypes), columns, layout_shapes in zip(layouts, tensors, shapes):
-        modes = []
-        for j, column in enumerate(columns):
-            mode, array = _column(column, [d[j] for d in layout_shapes])
+    for (names, dtypes), columns, batch_sizes in zip(layouts, tensors, batches):
+        modes, sizes = [], []
+        for column in columns:
+            mode, cut, array = _column(column)
             modes.append(mode)
+            sizes.append(cut)
             buffers.append(pickle.PickleBuffer(array))
-        described.append((names, dtypes, tuple(modes)))
+        described.append((names, dtypes, batch_sizes, tuple(modes), sizes))
     return metas, described, buffers
 
 
-def _split(column: Any, mode: int, shapes: list[tuple[int, ...]]) -> Any:
-    """``column`` cut into views of ``shapes`` (one call but for :data:`SHAPED`)."""
+def _split(column: Any, mode: int, sizes: list[Any]) -> Any:
+    """``column`` cut into views (one call but for :data:`SHAPED`)."""
     if mode == ROWS:
-        return column.view(1, -1).split_with_sizes([s[1] for s in shapes], 1)
+        return column.view(1, -1).split_with_sizes(sizes, 1)
     if mode == FLAT:
-        return column.split_with_sizes([s[0] for s in shapes])
-    return [piece.view(s) for piece, s in zip(column.split_with_sizes([math.prod(s) for s in shapes]), shapes)]
+        return column.split_with_sizes(sizes)
+    return [piece.view(s) for piece, s in zip(column.split_with_sizes([math.prod(s) for s in sizes]), sizes)]
 
 
 def decode_results(payload: tuple[list[Any], list[Any], list[Any]]) -> list[tuple[tuple[Any, ...], Any]]:
@@ -264,29 +270,25 @@ def decode_results(payload: tuple[list[Any], list[Any], list[Any]]) -> list[tupl
     from tensordict import TensorDict
 
     metas, layouts, buffers = payload
-    members: list[list[int]] = [[] for _ in layouts]  # per layout: its results
-    for i, values in enumerate(metas):
-        packed = values[2]
-        if type(packed) is tuple:
-            members[packed[0]].append(i)
-    out: list[Any] = [(values, values[2]) for values in metas]
     new = getattr(TensorDict, "_new_unsafe", None) or TensorDict  # (tensordict >= 0.5: no per-field checks)
-    sizes: dict[tuple[int, ...], torch.Size] = {}
+    built: list[Any] = []  # per layout, its trajectories in order
     b = 0
-    for (names, dtypes, modes), who in zip(layouts, members):
-        packs = [metas[i][2] for i in who]
+    for names, dtypes, batch_sizes, modes, sizes in layouts:
         per_field = []
-        for j, (dtype, mode) in enumerate(zip(dtypes, modes)):
+        for dtype, mode, cut in zip(dtypes, modes, sizes):
             view = memoryview(buffers[b])
             b += 1
             column = torch.frombuffer(view, dtype=dtype) if view.nbytes else torch.empty(0, dtype=dtype)
-            per_field.append(_split(column, mode, [p[2][j] for p in packs]))
-        for i, p, fields in zip(who, packs, zip(*per_field) if per_field else [()] * len(who)):
-            size = sizes.get(p[1])
+            per_field.append(_split(column, mode, cut))
+        known: dict[tuple[int, ...], torch.Size] = {}
+        trajectories = []
+        for batch_size, fields in zip(batch_sizes, zip(*per_field) if per_field else [()] * len(batch_sizes)):
+            size = known.get(batch_size)
             if size is None:
-                size = sizes[p[1]] = torch.Size(p[1])
-            out[i] = (metas[i], new(dict(zip(names, fields)), batch_size=size))
-    return out
+                size = known[batch_size] = torch.Size(batch_size)
+            trajectories.append(new(dict(zip(names, fields)), batch_size=size))
+        built.append(iter(trajectories))
+    return [(values, next(built[values[2]]) if type(values[2]) is int else values[2]) for values in metas]
 
 
 def result_record(values: tuple[Any, ...], trajectory: Any, data: Any) -> Any:

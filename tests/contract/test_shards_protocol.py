@@ -49,7 +49,8 @@ def test_every_layout_dtype_and_shape_comes_back_as_sent():
             EpisodeResult(6, "accepted", trajectory=_row(0, 0.5))]
     metas, layouts, buffers = encode_results(sent)
     assert len(layouts) == 3  # the two RLVR rows (and the empty one) share one
-    assert layouts[0][2] == (ROWS, ROWS, ROWS, FLAT, FLAT) and layouts[1][2] == (SHAPED, SHAPED, FLAT)
+    assert layouts[0][3] == (ROWS, ROWS, ROWS, FLAT, FLAT) and layouts[1][3] == (SHAPED, SHAPED, FLAT)
+    assert layouts[0][4][0] == [3, 5, 0] and layouts[0][2] == [(1,), (1,), (1,)]
     assert len(buffers) == 5 + 3 + 2
     got = _through_a_frame(sent)
     assert [v[0] for v, _ in got] == [r.task_id for r in sent]

@@ -42,7 +42,7 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
     import trio
 
     from engine import EngineConfig, GenerationHyperparameters, SimBackend
-    from benchmarks.harness.meter import Meter, Tally, rounded as _r, staleness_histogram
+    from benchmarks.harness.meter import Meter, Tally, process_tree_cpu_s, rounded as _r, staleness_histogram
     from benchmarks.harness.report import summary as _summary
     from benchmarks.harness.workload import bench_item, corpus_token_pool, pool_digest
     from engine.backends.sim import prompt_key
@@ -66,7 +66,9 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
             for i in range(cfg.warmup):
                 engine.submit(bench_item(i, warmup=True, seed=cfg.seed), workflow)
             await engine.wait_results(cfg.warmup)
+        pids = [pid for pid in engine.shard_pids if pid is not None]
         meter = Meter()
+        tree0 = process_tree_cpu_s(pids)
         while consumed < n:
             while submitted < n and submitted - consumed < window:
                 engine.submit(bench_item(submitted, seed=cfg.seed), workflow)
@@ -81,6 +83,7 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
             engine.set_version(version + 1)
             meter.sample(consumed)
         wall = time.perf_counter() - meter.t0
+        tree1 = process_tree_cpu_s(pids)
         measured = meter.result(wall_s=wall, episodes=n, generated_tokens=0, max_inflight=max_inflight,
                                 keep_samples=False)
         stats = await engine.refresh_statistics()
@@ -88,6 +91,7 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
         shard_stats = engine.shard_statistics()
         await trio.lowlevel.checkpoint()
     measured["generated_tokens"] = stats.generated_tokens
+    measured["cpu_ms_per_episode_by_process"] = cpu_by_process(measured["cpu_main_s"], tree0, tree1, n)
     measured["tokens_per_s"] = round(stats.generated_tokens / wall, 1) if wall > 0 else None
     requests = None
     if records is not None:
@@ -105,6 +109,18 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
                     token_pool_digest=pool_digest(backend.token_pool),
                     shards=[{"pid": s.pid, "admitted": s.admitted, "ended": s.ended, "alive": s.alive}
                             for s in shard_stats])
+
+
+def cpu_by_process(coordinator_s: float, before: dict[str, dict[int, float]], after: dict[str, dict[int, float]],
+                   episodes: int) -> dict[str, Any]:
+    """CPU ms per episode of the coordinator, each shard and each shard's reward
+    worker over the measured window (processes alive at both ends of it)."""
+    def per(kind: str) -> list[float]:
+        return [round(1000 * (after[kind][pid] - t0) / max(1, episodes), 4)
+                for pid, t0 in sorted(before[kind].items()) if pid in after[kind]]
+
+    return {"coordinator": round(1000 * coordinator_s / max(1, episodes), 4), "shards": per("self"),
+            "reward_workers": per("children")}
 
 
 def _child_main() -> None:

@@ -56,6 +56,10 @@ def run_shard_sides(cfg: BenchConfig, shard_counts: list[int], repeats: int, log
             r = runs[n][-1]
             log(f"  {shard_side(n):7s} C={cfg.concurrency:<6d} {r['episodes_per_s']} ep/s, eff {r['efficiency']}, "
                 f"CPU {r['cpu_ms_per_episode']} ms/ep, work matches plan: {r.get('work_matches_plan')}")
+            by = r.get("cpu_ms_per_episode_by_process")
+            if by:
+                log(f"          CPU ms/ep by process: coordinator {by['coordinator']}, shards {by['shards']}, "
+                    f"reward workers {by['reward_workers']}")
     out = []
     for n in shard_counts:
         ordered = sorted(runs[n], key=lambda r: r["wall_s"])

@@ -13,37 +13,59 @@ import resource
 import time
 from typing import Any
 
-__all__ = ["Meter", "Tally", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "rounded", "rss_mib",
-           "staleness_histogram"]
+__all__ = ["Meter", "Tally", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "process_cpu_s",
+           "process_tree_cpu_s", "rounded", "rss_mib", "staleness_histogram"]
 
 
-def _children() -> list[int]:
-    me, out = os.getpid(), []
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (None if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode()
+    except OSError:
+        return None
+    return data[data.rfind(")") + 2:].split()
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of one live process; None if it is gone."""
+    rest = _stat(pid)
+    return None if rest is None else (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(parent: int | None = None) -> list[int]:
+    """The live direct children of ``parent`` (this process by default)."""
+    me, out = os.getpid() if parent is None else parent, []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    data = f.read().decode()
-            except OSError:
-                continue
-            if int(data[data.rfind(")") + 2:].split()[1]) == me:
+            rest = _stat(int(pid))
+            if rest is not None and int(rest[1]) == me:
                 out.append(int(pid))
     return out
+
+
+def process_tree_cpu_s(pids: list[int]) -> dict[str, dict[int, float]]:
+    """CPU seconds of each live process in ``pids`` (``"self"``) and of each live direct
+    child of theirs (``"children"``, e.g. a shard's reward workers), by pid."""
+    own: dict[int, float] = {}
+    kids: dict[int, float] = {}
+    for pid in pids:
+        cpu = process_cpu_s(pid)
+        if cpu is not None:
+            own[pid] = cpu
+        for child in _children(pid):
+            cpu = process_cpu_s(child)
+            if cpu is not None:
+                kids[child] = cpu
+    return {"self": own, "children": kids}
 
 
 def children_cpu_s() -> float:
     """CPU seconds of reaped children plus live direct children (reward workers)."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = ru.ru_utime + ru.ru_stime
-    tck = os.sysconf("SC_CLK_TCK")
     for pid in _children():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                data = f.read().decode()
-        except OSError:
-            continue
-        rest = data[data.rfind(")") + 2:].split()
-        total += (int(rest[11]) + int(rest[12])) / tck
+        total += process_cpu_s(pid) or 0.0
     return total
 
 

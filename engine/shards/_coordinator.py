@@ -39,11 +39,11 @@ from typing import Any
 
 import trio
 
+from .._records import Task
 from ..backends.base import BackendStatistics
-from ..buffer import ResultBuffer
 from ..errors import BackendError, RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
-from ._protocol import decode_results, result_record
+from ._protocol import decode_results
 
 __all__ = ["AdmissionRecord", "ShardStartError", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
 
@@ -193,6 +193,7 @@ class ShardedRolloutEngine(RolloutEngine):
         self._frame_interval_s = frame_interval_s
         self._dead_error: ShardsDiedError | None = None
         self._next_call = 0
+        self._holding_admission = False  # while a frame of results is taken in: admit once, after it
         self.admission_log: list[AdmissionRecord] | None = [] if record_admissions else None
 
     # -- what runs only in shards -----------------------------------------------------------------
@@ -251,12 +252,18 @@ class ShardedRolloutEngine(RolloutEngine):
 
     def _admit_now(self) -> None:
         """Dispatch queued episodes while the global capacity allows, each to the live
-        shard with the fewest in flight (one frame per shard per pass)."""
+        shard with the fewest in flight (one ``submit`` message per shard per pass;
+        one pass per frame of results, not one per result)."""
+        if self._holding_admission:
+            return
         touched = []
-        staleness, buffer, log = self._staleness, self._buffer, self.admission_log
-        while (self._queue and not self._closed and self._live and self._unpaused.is_set()
-               and buffer.rows < buffer.capacity and staleness.capacity(self._version) > 0):
-            task = self._queue.popleft()
+        staleness, buffer, log, queue = self._staleness, self._buffer, self.admission_log, self._queue
+        if not (queue and not self._closed and self._live and self._unpaused.is_set()
+                and buffer.rows < buffer.capacity):
+            return
+        # each admission lowers both terms of the capacity by one (running += 1): computed once per pass
+        for _ in range(min(len(queue), staleness.capacity(self._version))):
+            task = queue.popleft()
             self._counts["queued"] -= 1
             self._counts["running"] += 1
             staleness.running += 1
@@ -452,15 +459,26 @@ class ShardedRolloutEngine(RolloutEngine):
             raise RuntimeError(f"engine shard {shard.index} sent an unknown message {kind!r}")
 
     def _on_ended(self, shard: _Shard, payload: Any) -> None:
-        for values, trajectory in decode_results(payload):
-            task = shard.inflight.pop(values[0], None)
-            if task is None:  # re-dispatched after this shard was given up, or already ended
-                shard.dropped += 1
-                continue
-            shard.ended += 1
-            result = self._check_staleness(result_record(values, trajectory, task.data))
-            self._buffer._put_now(result, ResultBuffer._rows(result))
-            self._ended(result, was_running=True)
+        """Take in one frame of results (admission runs once, after the whole frame)."""
+        inflight, buffer = shard.inflight, self._buffer
+        self._holding_admission = True
+        try:
+            for values, trajectory in decode_results(payload):
+                task_id, status, _, reason, error_type, error_message, member_errors, elapsed_s = values
+                task = inflight.pop(task_id, None)
+                if task is None:  # re-dispatched after this shard was given up, or already ended
+                    shard.dropped += 1
+                    continue
+                shard.ended += 1
+                result = self._check_staleness(EpisodeResult(
+                    task_id, status, trajectory=trajectory, reason=reason, error_type=error_type,
+                    error_message=error_message, member_errors=member_errors, data=task.data, elapsed_s=elapsed_s))
+                traj = result.trajectory
+                buffer._put_now(result, 0 if traj is None else int(traj.batch_size[0]))
+                self._ended(result, was_running=True)
+        finally:
+            self._holding_admission = False
+        self._admit_now()
 
     def _on_shard_death(self, shard: _Shard, why: str) -> None:
         """Take the dead shard's episodes back (queued again at the head, or failed
@@ -523,7 +541,5 @@ class ShardedRolloutEngine(RolloutEngine):
                 self._ended(result, was_running=True)
 
 
-def _task(task_id: int, key: int, data: Any, group_size: int) -> Any:
-    from .._records import Task
-
+def _task(task_id: int, key: int, data: Any, group_size: int) -> Task:
     return Task(task_id, key, data, None, group_size)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import sys
 from dataclasses import asdict, is_dataclass, replace
 from typing import Any
@@ -66,8 +67,6 @@ def _counters(engine: Any) -> tuple[int, int, int, int]:
 
 
 def _picklable(obj: Any) -> bool:
-    import pickle
-
     try:
         pickle.dumps(obj)
     except Exception:
@@ -166,10 +165,7 @@ async def run_shard(channel: Channel) -> None:
             nursery.cancel_scope.cancel()
 
 
-def _loads(blob: bytes) -> Any:
-    import pickle
-
-    return pickle.loads(blob)
+_loads = pickle.loads
 
 
 async def _serve_fds(read_fd: int, write_fd: int) -> None:

@@ -8,9 +8,9 @@ deadline, and apply the staleness policy.  Functions of the engine
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import trio
@@ -24,19 +24,31 @@ from .data import concat_padded_tensors
 from .errors import failure_reason
 from .trajectory import _copy_with
 
-__all__ = ["check_staleness", "episode_result", "finish_group", "is_stale", "run_filter"]
+__all__ = ["check_staleness", "conclude", "episode_result", "finish_group", "is_stale", "run_filter"]
 
 
-async def episode_result(engine: Any, task: Task) -> EpisodeResult:
+def episode_result(engine: Any, task: Task) -> Awaitable[EpisodeResult]:
+    """The episode's coroutine: its members, then :func:`conclude`.  A group of one is its
+    member's own coroutine, run in the episode task's context, which concludes the episode
+    itself: no frame around the member stays alive for the episode (see :func:`_member`)."""
+    if task.group_size == 1:
+        return cast("Awaitable[EpisodeResult]", _member(engine, task, 0, None, {}))  # outcomes None: a result
+    return _group(engine, task)
+
+
+async def _group(engine: Any, task: Task) -> EpisodeResult:
+    outcomes: list[Any] = [None] * task.group_size
     interaction_rewards: dict[int, float | None] = {}  # member -> episode reward, for interaction dicts
-    if task.group_size == 1:  # the episode task's own context; the list is made once the member is done
-        outcomes: list[Any] = [await _member(engine, task, 0, None, interaction_rewards)]
-    else:
-        outcomes = [None] * task.group_size
-        async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
-            for i in range(task.group_size):
-                nursery.start_soon(_member, engine, task, i, outcomes, interaction_rewards)
+    async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
+        for i in range(task.group_size):
+            nursery.start_soon(_member, engine, task, i, outcomes, interaction_rewards)
+    return await conclude(engine, task, outcomes, interaction_rewards)
 
+
+async def conclude(engine: Any, task: Task, outcomes: list[Any],
+                   interaction_rewards: dict[int, float | None]) -> EpisodeResult:
+    """Classify the members' ``outcomes`` (trajectory, exception or None, by sample index) into
+    the episode's result: finish the group, run the filter."""
     trajs, errors, rejected = [], [], 0
     for i, out in enumerate(outcomes):
         if isinstance(out, BaseException):
@@ -83,10 +95,10 @@ async def episode_result(engine: Any, task: Task) -> EpisodeResult:
     return EpisodeResult(task.task_id, EpisodeStatus.ACCEPTED, trajectory=traj, data=task.data, member_errors=member_errors)
 
 async def _member(engine: Any, task: Task, i: int, outcomes: list[Any] | None,
-                  interaction_rewards: dict[int, float | None]) -> Any:
+                  interaction_rewards: dict[int, float | None]) -> EpisodeResult | None:
     """Run group member ``i`` (its own task, or the episode's when the group has one
-    member) and return its trajectory or exception, also left in ``outcomes[i]`` when
-    ``outcomes`` is given.
+    member) and leave its trajectory or exception in ``outcomes[i]``; with ``outcomes``
+    None (a group of one) conclude the episode and return its result.
 
     Collects the member's reward outcomes and drift events like
     ``rewards.collect_reward_outcomes()`` / ``engine.chat.collect_drift_events()``
@@ -114,9 +126,10 @@ async def _member(engine: Any, task: Task, i: int, outcomes: list[Any] | None,
         scored = [o for o in collected if isinstance(o, RewardOutcome)]
         engine._reward_fallbacks += sum(o.is_fallback for o in scored)
         engine._retokenization_drifts += len(collected) - len(scored)
-    if outcomes is not None:
-        outcomes[i] = out
-    return out
+    if outcomes is None:
+        return await conclude(engine, task, [out], interaction_rewards)
+    outcomes[i] = out
+    return None
 
 def finish_group(engine: Any, task: Task, trajs: list[TensorDict], complete: bool,
                   interaction_rewards: dict[int, float | None]) -> TensorDict:

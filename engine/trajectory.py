@@ -123,7 +123,9 @@ def _copy_with(td: TensorDict, fields: dict[str, torch.Tensor]) -> TensorDict:
     copy.  A plain TensorDict of tensors (every trajectory this package builds) is copied
     with one ``_new_unsafe`` (~2.5 us less than clone + ``__setitem__``); anything else
     (nested, named, on a device, a subclass) takes clone + ``__setitem__``."""
-    if _NEW_UNSAFE is not None and type(td) is TensorDict and td.device is None and td._maybe_names() is None:
+    maybe_names = getattr(td, "_maybe_names", None)  # tensordict's internal; None where a version lacks it
+    if _NEW_UNSAFE is not None and type(td) is TensorDict and td.device is None and maybe_names is not None \
+            and maybe_names() is None:
         source = dict(td.items())
         if all(type(v) is torch.Tensor for v in source.values()):
             source.update(fields)

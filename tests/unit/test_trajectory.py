@@ -167,3 +167,12 @@ def test_copy_with_is_clone_then_setitem(make):
     assert all(td[k] is v for k, v in before.items())
     got["input_ids"] = torch.zeros(1, 5, dtype=torch.int32)  # the copy is its own dict
     assert not torch.equal(td["input_ids"], got["input_ids"])
+
+
+def test_copy_with_copies_a_plain_trajectory_without_clone(monkeypatch):
+    from engine.trajectory import _copy_with
+
+    td = _plain_td()
+    monkeypatch.setattr(TensorDict, "clone", lambda *a, **k: pytest.fail("the fast path should not clone"))
+    out = _copy_with(td, {"group_size": torch.ones(1, dtype=torch.int32)})
+    assert list(out.keys()) == [*td.keys(), "group_size"] and "group_size" not in td.keys()

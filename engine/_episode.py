@@ -8,34 +8,47 @@ deadline, and apply the staleness policy.  Functions of the engine
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import trio
 from tensordict import TensorDict
 
-from rewards import swap_reward_outcome_collector
+from rewards import RewardOutcome, swap_reward_outcome_collector
 
 from ._records import EpisodeResult, EpisodeStatus, FailReason, RejectReason, Task, failed_result, leaf_exception, raised_at, sample_index
 from .chat import close_drift_sink, open_drift_sink
 from .data import concat_padded_tensors
 from .errors import failure_reason
+from .trajectory import _copy_with
 
-__all__ = ["check_staleness", "episode_result", "finish_group", "is_stale", "run_filter"]
+__all__ = ["check_staleness", "conclude", "episode_result", "finish_group", "is_stale", "run_filter"]
 
 
-async def episode_result(engine: Any, task: Task) -> EpisodeResult:
+def episode_result(engine: Any, task: Task) -> Awaitable[EpisodeResult]:
+    """The episode's coroutine: its members, then :func:`conclude`.  A group of one is its
+    member's own coroutine, run in the episode task's context, which concludes the episode
+    itself: no frame around the member stays alive for the episode (see :func:`_member`)."""
+    if task.group_size == 1:
+        return cast("Awaitable[EpisodeResult]", _member(engine, task, 0, None, {}))  # outcomes None: a result
+    return _group(engine, task)
+
+
+async def _group(engine: Any, task: Task) -> EpisodeResult:
     outcomes: list[Any] = [None] * task.group_size
     interaction_rewards: dict[int, float | None] = {}  # member -> episode reward, for interaction dicts
-    if task.group_size == 1:
-        await _member(engine, task, 0, outcomes, interaction_rewards)  # the episode task's own context
-    else:
-        async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
-            for i in range(task.group_size):
-                nursery.start_soon(_member, engine, task, i, outcomes, interaction_rewards)
+    async with trio.open_nursery() as nursery:  # cancelling the group cancels all members
+        for i in range(task.group_size):
+            nursery.start_soon(_member, engine, task, i, outcomes, interaction_rewards)
+    return await conclude(engine, task, outcomes, interaction_rewards)
 
+
+async def conclude(engine: Any, task: Task, outcomes: list[Any],
+                   interaction_rewards: dict[int, float | None]) -> EpisodeResult:
+    """Classify the members' ``outcomes`` (trajectory, exception or None, by sample index) into
+    the episode's result: finish the group, run the filter."""
     trajs, errors, rejected = [], [], 0
     for i, out in enumerate(outcomes):
         if isinstance(out, BaseException):
@@ -81,45 +94,49 @@ async def episode_result(engine: Any, task: Task) -> EpisodeResult:
                                  error_message=str(filter_exc) if filter_exc else None)
     return EpisodeResult(task.task_id, EpisodeStatus.ACCEPTED, trajectory=traj, data=task.data, member_errors=member_errors)
 
-async def _member(engine: Any, task: Task, i: int, outcomes: list[Any],
-                  interaction_rewards: dict[int, float | None]) -> None:
+async def _member(engine: Any, task: Task, i: int, outcomes: list[Any] | None,
+                  interaction_rewards: dict[int, float | None]) -> EpisodeResult | None:
     """Run group member ``i`` (its own task, or the episode's when the group has one
-    member) and leave its trajectory or exception in ``outcomes[i]``.
+    member) and leave its trajectory or exception in ``outcomes[i]``; with ``outcomes``
+    None (a group of one) conclude the episode and return its result.
 
     Collects the member's reward outcomes and drift events like
     ``rewards.collect_reward_outcomes()`` / ``engine.chat.collect_drift_events()``
     do, with the context variables set and restored here: no context-manager,
     generator, token or closure objects live for the episode's whole run (each one that
     outlives two young GC passes is promoted, and promotions are what trigger
-    the full collections; see benchmarks/README.md)."""
+    the full collections; see benchmarks/README.md).  For the same reason one list
+    collects both: the reward outcomes and the drift events (``str``)."""
     sample_index.set(i)  # task-local: each member runs in its own task (or context)
-    scored: list[Any] = []
-    drifts: list[str] = []
-    outer_scored = swap_reward_outcome_collector(scored)  # restored below by value: no Token object lives
-    outer_sinks = open_drift_sink(drifts)
+    collected: list[Any] = []  # RewardOutcome records and drift events
+    outer_scored = swap_reward_outcome_collector(collected)  # restored below by value: no Token object lives
+    outer_sinks = open_drift_sink(collected)
     try:
         out = await task.workflow.arun_episode(engine, task.data)
         if isinstance(out, dict):  # AReaL's third return type: dict[id, Interaction] (engine.openai)
             from .openai.interaction import trajectory_from_interactions
 
             out, interaction_rewards[i] = trajectory_from_interactions(out)
-        outcomes[i] = out
     except Exception as exc:
-        outcomes[i] = leaf_exception(exc)
+        out = leaf_exception(exc)
     finally:
         close_drift_sink(outer_sinks)
         swap_reward_outcome_collector(outer_scored)  # the successor task inherits this context: leave it as found
-    if scored:
+    if collected:
+        scored = [o for o in collected if isinstance(o, RewardOutcome)]
         engine._reward_fallbacks += sum(o.is_fallback for o in scored)
-    engine._retokenization_drifts += len(drifts)
+        engine._retokenization_drifts += len(collected) - len(scored)
+    if outcomes is None:
+        return await conclude(engine, task, [out], interaction_rewards)
+    outcomes[i] = out
+    return None
 
 def finish_group(engine: Any, task: Task, trajs: list[TensorDict], complete: bool,
                   interaction_rewards: dict[int, float | None]) -> TensorDict:
     traj = trajs[0] if len(trajs) == 1 else concat_padded_tensors(trajs)
     rows = traj.batch_size[0]
-    traj = traj.clone(recurse=False)
-    traj["group_id"] = torch.full((rows,), task.task_id, dtype=torch.int64)  # [B]
-    traj["group_size"] = torch.full((rows,), rows, dtype=torch.int32)  # [B]
+    traj = _copy_with(traj, {"group_id": torch.full((rows,), task.task_id, dtype=torch.int64),  # [B]
+                             "group_size": torch.full((rows,), rows, dtype=torch.int32)})  # [B]
     if engine.config.reward_normalization and "rewards" in traj.keys():
         raw = traj["rewards"]  # [B] float32
         traj["original_rewards"] = raw.clone()

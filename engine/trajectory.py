@@ -118,6 +118,24 @@ def _new_td(fields: dict[str, torch.Tensor]) -> TensorDict:
     return TensorDict(fields, batch_size=_ONE)  # pragma: no cover - older tensordict
 
 
+def _copy_with(td: TensorDict, fields: dict[str, torch.Tensor]) -> TensorDict:
+    """``td.clone(recurse=False)`` with ``fields`` (batch size ``td.batch_size``) set on the
+    copy.  A plain TensorDict of tensors (every trajectory this package builds) is copied
+    with one ``_new_unsafe`` (~2.5 us less than clone + ``__setitem__``); anything else
+    (nested, named, on a device, a subclass) takes clone + ``__setitem__``."""
+    maybe_names = getattr(td, "_maybe_names", None)  # tensordict's internal; None where a version lacks it
+    if _NEW_UNSAFE is not None and type(td) is TensorDict and td.device is None and maybe_names is not None \
+            and maybe_names() is None:
+        source = dict(td.items())
+        if all(type(v) is torch.Tensor for v in source.values()):
+            source.update(fields)
+            return _NEW_UNSAFE(source, batch_size=td.batch_size)
+    out = td.clone(recurse=False)
+    for name, value in fields.items():
+        out[name] = value
+    return out
+
+
 def build_trajectory(segments: Iterable[Segment], reward: float, *, is_truncated: bool | None = None,
                      reward_is_fallback: bool | None = None,
                      extra: Mapping[str, Any] | None = None) -> TensorDict:

@@ -177,7 +177,7 @@ class ModelRequest:
         if not self.input_ids:
             raise InvalidRequestError(f"request {self.rid}: input_ids is empty")
         ids = self.input_ids
-        plain = type(ids) is list and set(map(type, ids)) == {int} and min(ids) >= 0  # fast path, C-level
+        plain = type(ids) is list and list(map(type, ids)).count(int) == len(ids) and min(ids) >= 0  # C-level
         if not plain and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise InvalidRequestError(f"request {self.rid}: input_ids must be non-negative ints")
         if self.image_data is not None and (

@@ -261,7 +261,11 @@ def validate_response(resp: ModelResponse, request: ModelRequest) -> None:
     for i, lp in enumerate(resp.output_logprobs):
         if isinstance(lp, bool) or not isinstance(lp, (int, float)):
             raise BackendError(f"request {rid}: output_logprobs[{i}] is {type(lp).__name__}, not a float")
-        if not math.isfinite(lp) or lp == VLLM_LOGPROB_SENTINEL or lp > 1e-4:
+        try:
+            bad = not math.isfinite(lp) or lp == VLLM_LOGPROB_SENTINEL or lp > 1e-4
+        except OverflowError:  # an int past the float range
+            bad = True
+        if bad:
             raise BackendError(f"request {rid}: output_logprobs[{i}] = {lp!r} is not a valid log-probability")
     for i, tok in enumerate(resp.output_tokens):
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
@@ -270,18 +274,17 @@ def validate_response(resp: ModelResponse, request: ModelRequest) -> None:
         raise BackendError(f"request {rid}: unknown stop_reason {resp.stop_reason!r}")
 
 
-_INT_ONLY = frozenset({int})
-_REAL_TYPES = frozenset({int, float})
-
-
 def _plain_evidence(tokens: list[int], logprobs: list[float]) -> bool:
-    """True when every token is a plain ``int >= 0`` and every logprob a plain
-    finite ``int``/``float`` <= 1e-4 other than the vLLM sentinel (exact types;
-    anything else takes the precise per-element path)."""
-    if not tokens:
+    """True when every token is a plain ``int >= 0`` and every logprob a plain finite
+    ``float`` <= 1e-4 other than the vLLM sentinel (exact types; anything else, ints among
+    the logprobs included, takes the precise per-element path).  C-level passes only:
+    the types' list counted, and ``sum``, which is NaN or +-inf iff an element is NaN or
+    inf (or finite ones overflow: then the precise path decides)."""
+    n = len(tokens)
+    if not n:
         return True
-    if not set(map(type, tokens)) <= _INT_ONLY or min(tokens) < 0:
+    if list(map(type, tokens)).count(int) != n or min(tokens) < 0:
         return False
-    if not set(map(type, logprobs)) <= _REAL_TYPES or any(map(math.isnan, logprobs)):
+    if list(map(type, logprobs)).count(float) != n or not math.isfinite(sum(logprobs)):
         return False
-    return max(logprobs) <= 1e-4 and min(logprobs) > -math.inf and VLLM_LOGPROB_SENTINEL not in logprobs
+    return max(logprobs) <= 1e-4 and VLLM_LOGPROB_SENTINEL not in logprobs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from engine.data import TRAJECTORY_PAD_VALUES, TRAJECTORY_SCHEMA, concat_padded_tensors
 from engine.trajectory import Injected, Sampled, build_trajectory, trajectory_from_response
@@ -129,3 +130,49 @@ def test_trajectory_from_response_checks_like_build_trajectory():
     with pytest.raises(ValueError, match="at least one token"):
         trajectory_from_response(ModelResponse(input_tokens=[], output_tokens=[], output_logprobs=[],
                                                output_versions=[], stop_reason="stop"), 1.0)
+
+
+def _as_clone_then_set(td, fields):
+    out = td.clone(recurse=False)
+    for name, value in fields.items():
+        out[name] = value
+    return out
+
+
+def _plain_td():
+    return trajectory_from_response(_resp([1, 2], [3, 4, 5]), 0.5, reward_is_fallback=False)
+
+
+@pytest.mark.parametrize("make", [
+    _plain_td,  # the fast path
+    lambda: _plain_td().lock_(),  # a locked one: the copy is unlocked, as clone's
+    lambda: _plain_td().refine_names("batch"),  # named: clone + setitem
+    lambda: _plain_td().set("nested", TensorDict({"x": torch.zeros(1, 2)}, batch_size=[1])),  # nested
+    lambda: _plain_td().set("rewards", torch.nn.Parameter(torch.ones(1), requires_grad=False)),  # a subclass
+])
+def test_copy_with_is_clone_then_setitem(make):
+    from engine.trajectory import _copy_with
+
+    td = make()
+    before = {k: v for k, v in td.items()}
+    fields = {"group_id": torch.full((1,), 7, dtype=torch.int64), "rewards": torch.zeros(1)}
+    got, want = _copy_with(td, fields), _as_clone_then_set(make(), fields)
+    assert got is not td and type(got) is type(want)
+    assert got.batch_size == want.batch_size and got.device == want.device and got.names == want.names
+    assert got.is_locked == want.is_locked is False
+    assert list(got.keys(include_nested=True)) == list(want.keys(include_nested=True))
+    assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want.keys(True, True))
+    assert got["group_id"] is fields["group_id"]
+    assert {k: v for k, v in td.items()}.keys() == before.keys()  # the source is not changed
+    assert all(td[k] is v for k, v in before.items())
+    got["input_ids"] = torch.zeros(1, 5, dtype=torch.int32)  # the copy is its own dict
+    assert not torch.equal(td["input_ids"], got["input_ids"])
+
+
+def test_copy_with_copies_a_plain_trajectory_without_clone(monkeypatch):
+    from engine.trajectory import _copy_with
+
+    td = _plain_td()
+    monkeypatch.setattr(TensorDict, "clone", lambda *a, **k: pytest.fail("the fast path should not clone"))
+    out = _copy_with(td, {"group_size": torch.ones(1, dtype=torch.int32)})
+    assert list(out.keys()) == [*td.keys(), "group_size"] and "group_size" not in td.keys()

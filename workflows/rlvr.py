@@ -200,6 +200,11 @@ class RLVRWorkflow(RolloutWorkflow):
             del prompt  # not kept alive while the reward runs (see engine._episode._member)
             scored = await scoring
             return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
+        return await self._samples(engine, data, prompt, n)
+
+    async def _samples(self, engine: Any, data: dict[str, Any], prompt: _Prompt, n: int) -> Any:
+        """``n`` > 1 samples of one prompt, concurrently.  (Its own method: a closure in
+        ``arun_episode`` would give every episode, ``n == 1`` too, five cells to keep alive.)"""
         trajectories: list[Any] = [None] * n
 
         async def one_sample(i: int) -> None:

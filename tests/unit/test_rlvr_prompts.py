@@ -118,3 +118,9 @@ def test_the_cache_tells_apart_values_that_python_calls_equal():
             item = {"messages": [{"role": "user", "content": "v", "x": value}]}
             assert workflow._prompt(item).ids == default_get_input_ids(tok, item, None)
     assert len(workflow._prompts) == len(values)
+
+
+def test_arun_episode_makes_no_closure_cells():
+    """Regression: the n > 1 branch's closure made every episode (n == 1 too) create
+    five cells (self, engine, data, prompt, trajectories) kept alive while it ran."""
+    assert RLVRWorkflow.arun_episode.__code__.co_cellvars == ()

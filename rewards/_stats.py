@@ -8,11 +8,12 @@
 
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import dataclass
 
-__all__ = ["LATENCY_WINDOW", "Counters", "RewardOutcome", "RewardPoolStatistics", "percentile"]
+import numpy as np
+
+__all__ = ["LATENCY_WINDOW", "Counters", "LatencyWindow", "RewardOutcome", "RewardPoolStatistics", "percentile"]
 
 LATENCY_WINDOW = 4096  # successful calls kept for the latency percentiles
 
@@ -100,11 +101,11 @@ class Counters:
         self.fallbacks = self.errors = self.worker_deaths = self.cancelled = 0
         self.workers_killed = self.batches = self.batch_failures = self.batched_calls = 0
         self.busy = 0
-        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self.latencies = LatencyWindow()
 
     def snapshot(self, max_workers: int, workers_busy: int, workers_idle: int) -> RewardPoolStatistics:
         """The counters now, as a frozen record."""
-        latencies = sorted(self.latencies)
+        p50, p99 = self.latencies.percentiles(0.50, 0.99)
         return RewardPoolStatistics(
             calls=self.calls,
             successes=self.successes,
@@ -123,9 +124,43 @@ class Counters:
             batches=self.batches,
             batched_calls=self.batched_calls,
             batch_failures=self.batch_failures,
-            latency_p50_s=percentile(latencies, 0.50) if latencies else None,
-            latency_p99_s=percentile(latencies, 0.99) if latencies else None,
+            latency_p50_s=p50,
+            latency_p99_s=p99,
         )
+
+
+class LatencyWindow:
+    """The last ``size`` latencies (seconds) in a float64 ring; percentiles by
+    selection (:func:`numpy.partition`, O(n)), not a sort: ``statistics()`` is
+    called every training step or monitor tick (~30 us for 4096 values; sorting
+    the deque it replaced took ~600 us on this 2-core box)."""
+
+    __slots__ = ("_next", "_values", "count")
+
+    def __init__(self, size: int = LATENCY_WINDOW) -> None:
+        self._values = np.empty(size, dtype=np.float64)
+        self._next = 0
+        self.count = 0  # values held, <= size
+
+    def __len__(self) -> int:
+        return self.count
+
+    def append(self, value: float) -> None:
+        values = self._values
+        values[self._next] = value
+        self._next = (self._next + 1) % len(values)
+        if self.count < len(values):
+            self.count += 1
+
+    def percentiles(self, *qs: float) -> tuple[float | None, ...]:
+        """Nearest-rank percentiles (as :func:`percentile`), ``qs`` in (0, 1];
+        None each while empty."""
+        n = self.count
+        if n == 0:
+            return (None,) * len(qs)
+        ranks = [max(math.ceil(q * n), 1) - 1 for q in qs]
+        picked = np.partition(self._values[:n], sorted(set(ranks)))
+        return tuple(float(picked[r]) for r in ranks)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

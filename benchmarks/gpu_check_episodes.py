@@ -202,6 +202,8 @@ async def run_once(args: argparse.Namespace, *, name: str, mode: str, dtype: str
         "tokens_per_s": round(tokens / wall, 1), "truncated_rows": sum(row["is_truncated"] for row in rows),
         "versions_seen": out_versions, "rows_crossing_update": crossing,
         "segments_resumed": getattr(stats, "segments_resumed", None),
+        "batches": getattr(stats.backend, "batches", None),  # static: generate calls, and rows per call
+        "batch_occupancy": round(getattr(stats.backend, "batch_occupancy", 0.0), 2),
         "reward_mean": round(sum(row["reward"] for row in rows) / max(1, len(rows)), 4),
     }
     await trio.lowlevel.checkpoint()

@@ -52,8 +52,9 @@ def build_model(args: argparse.Namespace) -> Any:
     if args.vocab:
         cfg["vocab_size"] = args.vocab
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**cfg))
-    model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+    model: Any = LlamaForCausalLM(LlamaConfig(**cfg))
+    model.to(device=args.device, dtype=getattr(torch, args.dtype))
+    model.eval()
     model.generation_config.eos_token_id = None
     return model
 
@@ -213,11 +214,11 @@ def compiled_generation(enabled: bool) -> Any:
         cfg.compile_config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead")
         return cfg
 
-    _static.generation_config = patched  # type: ignore[assignment]
+    _static.generation_config = patched
     try:
         yield
     finally:
-        _static.generation_config = original  # type: ignore[assignment]
+        _static.generation_config = original
 
 
 def profile_table(model: Any, args: argparse.Namespace, ps: list[list[int]]) -> dict[str, str]:
@@ -255,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                    "static_engine, continuous_engine; also raw_generate_sample, static_thread)")
     p.add_argument("--compiled", default="", help="cases to rerun with a static cache + torch.compile (CUDA), "
                    "e.g. raw_generate,static_direct")
+    p.add_argument("--plan", default="", help="overrides --only/--compiled/--no-profile: comma-separated "
+                   "VARIANT:CASE (variant eager or compiled) or profile, run in this order")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     p.add_argument("--min-left-s", type=float, default=0.0, help="skip a case with less than this left of --budget-s")
     p.add_argument("--no-profile", action="store_true")
@@ -288,11 +291,14 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
-    plan = [("eager", name) for name in (args.only or "raw_generate,static_direct,static_engine,continuous_engine"
-                                         ).split(",")]
-    if not args.no_profile:
-        plan.insert(2, ("eager", "profile"))
-    plan += [("compiled", name) for name in args.compiled.split(",") if name]
+    if args.plan:  # "variant:case" or "profile", in order
+        plan = [tuple(item.split(":", 1)) if ":" in item else ("eager", item) for item in args.plan.split(",")]
+    else:
+        plan = [("eager", name) for name in (args.only or "raw_generate,static_direct,static_engine,continuous_engine"
+                                             ).split(",")]
+        if not args.no_profile:
+            plan.insert(2, ("eager", "profile"))
+        plan += [("compiled", name) for name in args.compiled.split(",") if name]
     for variant, name in plan:
         left = args.budget_s - (time.perf_counter() - t_start)
         if left < args.min_left_s:

@@ -11,6 +11,8 @@ seconds per decoding step (wall / steps, median of ``--repeats``):
     static_thread        the same in a worker thread while a trio loop waits (as in the engine)
     static_engine        HFBackend(mode="static") driven by --batch concurrent requests (trio)
     continuous_engine    HFBackend(mode="continuous") driven the same way (streaming outputs)
+    continuous_direct    transformers' manager with our config, no trio, no pump (``_streaming``: every
+                         token delivered, read here)
 
 A ``torch.profiler`` table (top 20 by self CPU time and, on CUDA, by self CUDA time) of one
 ``static_direct`` call.  Then (``--compiled``) the named cases again with a static KV cache, so that
@@ -181,7 +183,37 @@ def engine_run(model: Any, args: argparse.Namespace, ps: list[list[int]], mode: 
     return wall
 
 
-def measure(name: str, fn: Any, args: argparse.Namespace) -> dict[str, Any]:
+def continuous_direct(model: Any, args: argparse.Namespace, ps: list[list[int]], streaming: bool) -> float:
+    """transformers' continuous batching with our manager config, driven from this thread (no trio,
+    no pump): the manager's own cost, to compare with continuous_engine (our bridge)."""
+    import threading as _threading
+
+    from engine.backends.hf._continuous import ContinuousBatcher
+
+    batcher = ContinuousBatcher(_loaded(model, args), lambda: 0, max_batch_size=args.batch,
+                                cache_tokens=args.batch * (args.prompt_len + args.new + 64))
+    batcher._start_manager()
+    manager = batcher.manager
+    try:
+        sync(args)
+        t0 = time.perf_counter()
+        for i, p in enumerate(ps):
+            manager.add_request(list(p), request_id=f"r{i}", max_new_tokens=args.new, streaming=streaming,
+                                eos_token_id=-1, temperature=1.0, top_k=model.config.vocab_size, top_p=1.0)
+        done: set[str] = set()
+        stop = _threading.Event()
+        while len(done) < len(ps) and not stop.is_set():
+            out = manager.get_result(timeout=1.0)
+            if out is not None and out.is_finished():
+                assert len(out.generated_tokens) == args.new, len(out.generated_tokens)
+                done.add(out.request_id)
+        sync(args)
+        return time.perf_counter() - t0
+    finally:
+        batcher._stop_manager()
+
+
+def measure(name: str, fn: Any, args: argparse.Namespace, label: str = "") -> dict[str, Any]:
     t0 = time.perf_counter()
     fn()  # warm-up (CUDA context, kernels, allocator; the compiled variant compiles here)
     warmup = time.perf_counter() - t0
@@ -189,7 +221,7 @@ def measure(name: str, fn: Any, args: argparse.Namespace) -> dict[str, Any]:
     wall = statistics.median(walls)
     rec = {"name": name, "wall_s": round(wall, 4), "ms_per_step": round(1000 * wall / args.new, 3),
            "walls": [round(w, 4) for w in walls], "warmup_s": round(warmup, 3)}
-    print(f"  {name:<22} {rec['ms_per_step']:9.2f} ms/step  ({wall:.3f} s for {args.new} steps x {args.batch} rows; "
+    print(f"  {label or name:<34} {rec['ms_per_step']:9.2f} ms/step  ({wall:.3f} s for {args.new} steps x {args.batch} rows; "
           f"first call {warmup:.2f} s)", flush=True)
     return rec
 
@@ -219,6 +251,40 @@ def compiled_generation(enabled: bool) -> Any:
         yield
     finally:
         _static.generation_config = original
+
+
+def _pump_one_by_one(self: Any) -> None:
+    """``ContinuousBatcher._pump`` before the fix: one trio round trip per streamed output."""
+    import trio
+
+    manager = self.manager
+    while manager is not None and manager.is_running():
+        with self._pump_lock:
+            out = manager.get_result(timeout=0.05)
+            if out is None:
+                continue
+            try:
+                trio.from_thread.run_sync(self._route, out, trio_token=self._token)
+            except trio.RunFinishedError:
+                return
+
+
+@contextlib.contextmanager
+def variant_context(variant: str) -> Any:
+    """``eager``: the code as it is; ``compiled``: :func:`compiled_generation`; ``onebyone``: the
+    continuous batcher's pump as before the fix (the A/B of the batched pump)."""
+    from engine.backends.hf._continuous import ContinuousBatcher
+
+    if variant not in ("eager", "compiled", "onebyone"):
+        raise ValueError(f"unknown variant {variant!r}")
+    original = ContinuousBatcher._pump
+    if variant == "onebyone":
+        ContinuousBatcher._pump = _pump_one_by_one  # type: ignore[method-assign]
+    try:
+        with compiled_generation(variant == "compiled"):
+            yield
+    finally:
+        ContinuousBatcher._pump = original  # type: ignore[method-assign]
 
 
 def profile_table(model: Any, args: argparse.Namespace, ps: list[list[int]]) -> dict[str, str]:
@@ -257,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compiled", default="", help="cases to rerun with a static cache + torch.compile (CUDA), "
                    "e.g. raw_generate,static_direct")
     p.add_argument("--plan", default="", help="overrides --only/--compiled/--no-profile: comma-separated "
-                   "VARIANT:CASE (variant eager or compiled) or profile, run in this order")
+                   "VARIANT:CASE (variant eager, compiled or onebyone) or profile, run in this order")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     p.add_argument("--min-left-s", type=float, default=0.0, help="skip a case with less than this left of --budget-s")
     p.add_argument("--no-profile", action="store_true")
@@ -278,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "static_thread": lambda: static_thread(model, args, ps),
         "static_engine": lambda: engine_run(model, args, ps, "static"),
         "continuous_engine": lambda: engine_run(model, args, ps, "continuous"),
+        "continuous_direct": lambda: continuous_direct(model, args, ps, False),
+        "continuous_direct_streaming": lambda: continuous_direct(model, args, ps, True),
     }
     t_start = time.perf_counter()
     records: list[dict[str, Any]] = []
@@ -309,9 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "profile":
                 tables = profile_table(model, args, ps)
             else:
-                print(f"{variant}:", flush=True)
-                with compiled_generation(variant == "compiled"):
-                    rec = measure(name, cases[name], args)
+                with variant_context(variant):
+                    rec = measure(name, cases[name], args, label=f"{variant}/{name}")
                 rec["variant"] = variant
                 records.append(rec)
         except Exception as exc:  # report and go on: one device call must bring back all it can

@@ -21,7 +21,7 @@ if [ -z "${GPUP_NO_PIP:-}" ] && [ ! -d "$SITE/transformers" ]; then
         || { echo "pip install failed"; exit 1; }
 fi
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
-PLAN=eager:raw_generate,eager:static_direct,profile,eager:continuous_engine,compiled:raw_generate,compiled:static_direct,eager:static_engine
+PLAN=eager:raw_generate,eager:static_direct,profile,eager:continuous_engine,onebyone:continuous_engine,compiled:raw_generate,eager:continuous_direct_streaming,compiled:static_direct,eager:static_engine
 # shellcheck disable=SC2086  # GPUP_ARGS: several words
 timeout -k 5 "${GPUP_TIMEOUT_S:-170}" "$PY" -m benchmarks.gpu_profile --device "${GPUP_DEVICE:-cuda}" --dtype bfloat16 --batch 32 --new 64 --repeats 1 \
     --plan "$PLAN" ${GPUP_ARGS:-} \

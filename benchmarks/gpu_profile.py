@@ -293,10 +293,15 @@ def profile_table(model: Any, args: argparse.Namespace, ps: list[list[int]]) -> 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
     with profile(activities=activities) as prof:
         static_direct(model, args, ps)
-    tables = {"self_cpu": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60)}
+    events = prof.key_averages()
+    tables = {"self_cpu": events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60)}
     if args.device.startswith("cuda"):
-        tables["self_cuda"] = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20,
-                                                        max_name_column_width=60)
+        for key in ("self_device_time_total", "self_cuda_time_total"):  # the name changed across torch versions
+            try:
+                tables["self_cuda"] = events.table(sort_by=key, row_limit=20, max_name_column_width=60)
+                break
+            except (AttributeError, KeyError, ValueError) as exc:
+                tables["self_cuda"] = f"sort_by={key}: {exc!r}"
     for name, table in tables.items():
         print(f"-- torch.profiler, static_direct, top 20 by {name} --\n{table}", flush=True)
     return tables

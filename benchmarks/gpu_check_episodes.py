@@ -22,8 +22,9 @@ Checked on every accepted row (:data:`engine.data.TRAJECTORY_SCHEMA`): every per
 row's shape ``[n_samples, T]``; ``attention_mask`` True on the real tokens; ``loss_mask`` 0 on
 the prompt then 1 on the whole output; ``logprobs`` 0.0 on the prompt, finite and <= 0 on the
 output; ``versions`` and ``turn_ids`` -1 on the prompt; ``versions`` on the output non-decreasing
-and in the versions the run set; ``is_truncated`` iff the output used the whole budget, and a row
-that is not truncated ends with a stop token (``workflow.gconfig.stop_token_ids``: RLVR adds
+and in the versions the run set; ``is_truncated`` iff ``stop_reason`` was ``"length"``: the output used the whole budget and
+its last token is not a stop token (a row whose last allowed token is a stop token is not truncated),
+no row over the budget, and a row that is not truncated ends with a stop token (``workflow.gconfig.stop_token_ids``: RLVR adds
 the tokenizer's pad and eos ids).  Teacher forcing: one forward pass of a separate
 copy of the model (same device and dtype) over each row, ``log_softmax`` of the logits at the
 output positions (temperature 1, no top-k/top-p: the processed distribution is the raw one);
@@ -111,8 +112,13 @@ def check_rows(traj: Any, *, where: str, stop_ids: set[int], budget: int, versio
         v_out = row["versions"][n_prompt:]
         chk.check(all(a <= b for a, b in zip(v_out, v_out[1:])) and set(v_out) <= versions,
                   f"{w}: output versions {sorted(set(v_out))} not non-decreasing within {sorted(versions)}")
-        chk.check(row["is_truncated"] == (n_out >= budget),
-                  f"{w}: is_truncated {row['is_truncated']} but {n_out} output tokens of a budget of {budget}")
+        # stop_reason "length" (CONTRACTS.md: is_truncated == stop_reason "length"): the budget is used up and the
+        # last token is not a stop token; a row whose last allowed token is a stop token stopped ("stop")
+        length = n_out >= budget and row["input_ids"][-1] not in stop_ids
+        chk.check(n_out <= budget, f"{w}: {n_out} output tokens over the budget of {budget}")
+        chk.check(row["is_truncated"] == length,
+                  f"{w}: is_truncated {row['is_truncated']} but {n_out} output tokens of a budget of {budget}, "
+                  f"last token {row['input_ids'][-1]} {'' if row['input_ids'][-1] in stop_ids else 'not '}a stop token")
         if not row["is_truncated"]:
             chk.check(row["input_ids"][-1] in stop_ids, f"{w}: stopped before the budget on a token that is not a "
                                                          f"stop token ({row['input_ids'][-1]} not in {sorted(stop_ids)})")
@@ -196,6 +202,8 @@ async def run_once(args: argparse.Namespace, *, name: str, mode: str, dtype: str
         "tokens_per_s": round(tokens / wall, 1), "truncated_rows": sum(row["is_truncated"] for row in rows),
         "versions_seen": out_versions, "rows_crossing_update": crossing,
         "segments_resumed": getattr(stats, "segments_resumed", None),
+        "batches": getattr(stats.backend, "batches", None),  # static: generate calls, and rows per call
+        "batch_occupancy": round(getattr(stats.backend, "batch_occupancy", 0.0), 2),
         "reward_mean": round(sum(row["reward"] for row in rows) / max(1, len(rows)), 4),
     }
     await trio.lowlevel.checkpoint()

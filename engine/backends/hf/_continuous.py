@@ -181,7 +181,10 @@ class ContinuousBatcher(Batcher):
             job.reply(live.result)
 
     def _pump(self) -> None:
-        """Worker thread: route every streamed output into the trio loop.  Holds
+        """Worker thread: route every streamed output into the trio loop, all the outputs
+        queued at that moment in one call (a decoding step streams one output per running
+        request: one trio round trip each, 32 per step at 32 rows, each a GIL hand-off
+        between this thread, the trio thread and the decoding thread).  Holds
         ``_pump_lock`` from taking an output until it is routed."""
         manager = self.manager
         while manager is not None and manager.is_running():
@@ -189,10 +192,17 @@ class ContinuousBatcher(Batcher):
                 out = manager.get_result(timeout=0.05)
                 if out is None:
                     continue
+                outs = [out]
+                while (more := manager.get_result(timeout=0)) is not None:
+                    outs.append(more)
                 try:
-                    trio.from_thread.run_sync(self._route, out, trio_token=self._token)
+                    trio.from_thread.run_sync(self._route_all, outs, trio_token=self._token)
                 except trio.RunFinishedError:
                     return
+
+    def _route_all(self, outs: list[Any]) -> None:
+        for out in outs:
+            self._route(out)
 
     def _route(self, out: Any) -> None:
         live = self._live.get(out.request_id)

@@ -26,6 +26,7 @@
 #               max_new_tokens 256 (bench_continuous.json, bench_static.json), then 256 episodes,
 #               32 in flight, continuous, if 150 s are left (bench_continuous_256.json; HFBackend's
 #               default cache_tokens 16384 holds ~32 rows of prompt + 256 tokens)
+# GPUC_SKIP=episodes,bench_continuous,bench_continuous_256 (any of them): leave those stages out.
 # Everything printed also lands in $OUT/check.log.  Exit status: 0 all passed, 1 a check failed,
 # 3 the machine lost call 1's files (went cold: run call 1 again, then call 2), 4 the model is corrupt.
 set -u
@@ -145,7 +146,8 @@ run_all() {
             | tee -a "$OUT/env.txt"
     fi
     # -- episodes through the engine, checked -----------------------------------------------------
-    stage episodes 150 "$PY" -m benchmarks.gpu_check_episodes --model "$MODEL" --device "$DEVICE" \
+    skip() { case ",${GPUC_SKIP:-}," in *",$1,"*) log "skip $1 (GPUC_SKIP)"; return 0;; esac; return 1; }
+    skip episodes || stage episodes 150 "$PY" -m benchmarks.gpu_check_episodes --model "$MODEL" --device "$DEVICE" \
         --episodes "$EPISODES" --out "$OUT/episodes.json"
     # -- the hf backend tests on the device ---------------------------------------------------------
     if [ -f "$DIR/pytest.log" ]; then
@@ -163,9 +165,10 @@ run_all() {
         stage "bench_$1" "$5" "$PY" -m engine.cli bench --backend hf --model "$MODEL" --dataset "$data" \
             --hf-mode "$2" --episodes "$3" --concurrency "$4" --max-new-tokens "$NEW" --out "$OUT/bench_$1.json"
     }
-    bench continuous continuous "$BENCH_EPISODES" "$CONCURRENCY" 150
-    bench static static "$BENCH_EPISODES" "$CONCURRENCY" 120
-    if [ "$(left)" -ge 150 ]; then
+    skip bench_continuous || bench continuous continuous "$BENCH_EPISODES" "$CONCURRENCY" 150
+    skip bench_static || bench static static "$BENCH_EPISODES" "$CONCURRENCY" 120
+    if skip bench_continuous_256; then :
+    elif [ "$(left)" -ge 150 ]; then
         bench continuous_256 continuous "$BIG_EPISODES" "$BIG_CONCURRENCY" 150
     else
         log "skip bench_continuous_256: $(left)s left"

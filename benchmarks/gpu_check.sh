@@ -26,7 +26,7 @@
 #               max_new_tokens 256 (bench_continuous.json, bench_static.json), then 256 episodes,
 #               32 in flight, continuous, if 150 s are left (bench_continuous_256.json; HFBackend's
 #               default cache_tokens 16384 holds ~32 rows of prompt + 256 tokens)
-# GPUC_SKIP=episodes,bench_continuous,bench_continuous_256 (any of them): leave those stages out.
+# GPUC_SKIP=episodes,pytest,bench_continuous,bench_continuous_256 (any of them): leave those stages out.
 # Everything printed also lands in $OUT/check.log.  Exit status: 0 all passed, 1 a check failed,
 # 3 the machine lost call 1's files (went cold: run call 1 again, then call 2), 4 the model is corrupt.
 set -u
@@ -155,7 +155,7 @@ run_all() {
         log "pytest ran in call 1: $(tail -1 "$DIR/pytest.log")"
         grep -qE "^=* ?[0-9]+ passed" <(tail -1 "$DIR/pytest.log") && ! grep -qE "failed|error" <(tail -1 "$DIR/pytest.log") \
             || FAILED=1
-    else
+    elif ! skip pytest; then
         pytest_stage 150
     fi
     # -- async vs sync rollout on the real model ------------------------------------------------------

@@ -25,7 +25,8 @@ and run again on a surviving shard (at most ``max_reruns`` times each, then they
 end as failed with reason ``"shard_died"``); a result arriving from a shard for
 an episode it no longer holds is dropped by task id.  When the last shard dies,
 every episode not ended ends as failed (``"shard_died"``) and
-:class:`ShardsDiedError` ends the ``async with`` block.
+:class:`ShardsDiedError` ends the ``async with`` block.  A shard that sends nothing
+for ``shard_timeout_s`` (hung) is killed and treated the same way.
 """
 
 from __future__ import annotations

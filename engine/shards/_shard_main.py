@@ -143,10 +143,10 @@ async def run_shard(channel: Channel) -> None:
                 return
             post(("reply", call_id, True, value))
 
+        await channel.send([("ready", {"pid": os.getpid(), "index": init.index, "weights_shared": bool(
+            getattr(backend, "weights_shared_across_clients", False))})])  # the first frame, before the sender's
         async with trio.open_nursery() as outer:
             outer.start_soon(sender)
-            await channel.send([("ready", {"pid": os.getpid(), "index": init.index, "weights_shared": bool(
-                getattr(backend, "weights_shared_across_clients", False))})])
             async with trio.open_nursery() as nursery:  # the calls in flight
                 while not closing:
                     messages = await channel.receive()

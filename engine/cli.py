@@ -13,7 +13,10 @@ default RLVR; see ``rollout run --help`` for the built-ins) and writes, into
   throughput, what was used (backend, model, tokenizer, servers and the model
   each server reported, seed), ``startup_seconds`` (loading the model, waiting
   for servers) apart from ``wall_seconds`` (the rollout itself); rewritten at
-  every commit and at exit;
+  every commit and at exit; with ``--shards N`` also ``shards``, one record per
+  engine shard (``engine.shards.ShardStatistics.summary``: ``shard``, ``pid``,
+  ``admitted``, ``ended``, ``reruns``, ``exit``, its ``reward_statistics`` ...),
+  and ``reward_statistics`` is the list of the shards' reward pools;
 - ``run.json``, ``progress.jsonl``: the run's options and journal, for ``--resume``;
 - ``config.toml``: every option of the run (``rollout run --config OUT/config.toml``
   repeats it; :mod:`engine.config_file`);
@@ -431,6 +434,8 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
             fields.update(final_version=s.version, reward_fallbacks=s.reward_fallbacks,
                           retokenization_drifts=s.retokenization_drifts,
                           reward_statistics=_plain(s.rewards), backend_statistics=_plain(s.backend))
+            if args.shards:  # per shard: what it ran, how it ended, its reward pool and backend client
+                fields["shards"] = [_plain(r.summary()) for r in engine.shard_statistics()]
         return fields
 
     writer = RunWriter(state, None, shard_episodes=args.shard_episodes, commit_interval_s=args.commit_interval,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import trio
@@ -228,7 +229,7 @@ class RunMonitor:
         rate = (s.generated_tokens - n0) / (now - t0) if now > t0 else 0.0
         config = self.engine.config
         b = config.consumer_batch_size
-        r = s.rewards
+        r = _summed(s.rewards)  # (a sharded engine: one reward pool per shard)
         live = sorted(self._live.items(), key=lambda kv: kv[1].start)[: self.top]
         stragglers = tuple(EpisodeTiming(tid, now - v.start, v.tokens, v.requests, v.in_flight) for tid, v in live)
         stale = self._staleness
@@ -284,6 +285,16 @@ class RunMonitor:
             del self._episodes[:n]  # only once written: a cancelled write leaves them for the last one
         await metrics.flush()
         await episodes.flush()
+
+
+def _summed(rewards: Any) -> Any:
+    """Reward pool statistics as one object: a tuple of them (one per engine shard;
+    None for a shard without statistics yet) summed field by field."""
+    if not isinstance(rewards, (tuple, list)):
+        return rewards
+    pools = [p for p in rewards if p is not None]
+    return SimpleNamespace(**{name: sum(getattr(p, name, 0) or 0 for p in pools) for name in (
+        "calls", "workers_busy", "max_workers", "timeouts", "workers_killed", "worker_deaths", "fallbacks", "errors")})
 
 
 def _generated_tokens(traj: Any) -> int:

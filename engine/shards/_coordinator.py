@@ -25,7 +25,8 @@ and run again on a surviving shard (at most ``max_reruns`` times each, then they
 end as failed with reason ``"shard_died"``); a result arriving from a shard for
 an episode it no longer holds is dropped by task id.  When the last shard dies,
 every episode not ended ends as failed (``"shard_died"``) and
-:class:`ShardsDiedError` ends the ``async with`` block.
+:class:`ShardsDiedError` ends the ``async with`` block.  A shard that sends nothing
+for ``shard_timeout_s`` (hung) is killed and treated the same way.
 """
 
 from __future__ import annotations
@@ -34,16 +35,18 @@ import collections
 import logging
 import math
 import pickle
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import trio
 
 from .._records import Task
 from ..backends.base import BackendStatistics
-from ..errors import BackendError, RolloutError, WorkflowError
+from ..errors import RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
 from ._protocol import decode_results
+from ._statistics import AdmissionRecord, ShardStatistics, merge_statistics
+from ._weights import update_shared_weights, weights_error
 
 __all__ = ["AdmissionRecord", "ShardStartError", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
 
@@ -59,55 +62,11 @@ class ShardStartError(RolloutError, RuntimeError):
     ``rollout run`` reports it in one line)."""
 
 
-@dataclass(frozen=True)
-class AdmissionRecord:
-    """One admission (``record_admissions=True``): the state right after it.
-
-    Attributes:
-        task_id, shard: the episode admitted and the shard it went to.
-        version: the policy version then.
-        accepted: the staleness counter of accepted episodes (all shards).
-        running: episodes dispatched and not ended, per shard (index order).
-    """
-
-    task_id: int
-    shard: int
-    version: int
-    accepted: int
-    running: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ShardStatistics:
-    """One shard as the coordinator sees it.
-
-    Attributes:
-        index, pid, kind: the shard (``kind``: ``"process"`` or ``"ray"``).
-        alive: its channel is open; ``exit`` says how it ended otherwise.
-        running: episodes dispatched to it and not ended.
-        admitted, ended: lifetime episodes dispatched to it / returned by it.
-        rerun: episodes taken back from it when it died and queued again.
-        dropped: results it sent for episodes it no longer held (dropped by task id).
-        engine: the latest statistics of its own engine (or None before the first).
-    """
-
-    index: int
-    pid: int | None
-    kind: str
-    alive: bool
-    exit: str | None
-    running: int
-    admitted: int
-    ended: int
-    rerun: int
-    dropped: int
-    engine: EngineStatistics | None
-
-
 class _Shard:
-    def __init__(self, index: int, link: Any) -> None:
+    def __init__(self, index: int, link: Any, info: dict[str, Any] | None = None) -> None:
         self.index = index
         self.link = link
+        self.info = info or {}  # the shard's "ready" message
         self.alive = True
         self.exit: str | None = None
         self.inflight: dict[int, Any] = {}
@@ -146,20 +105,6 @@ class _CoordinatorBackend:
                                                                        logprob_semantics=self.logprob_semantics)
 
 
-def merge_statistics(snapshots: list[Any]) -> Any:
-    """Sum the int/float fields of same-typed dataclass snapshots (peaks are summed
-    too: an upper bound); other fields come from the first."""
-    first = snapshots[0]
-    if not is_dataclass(first) or isinstance(first, type) or any(type(s) is not type(first) for s in snapshots):
-        return first
-    merged = {}
-    for f in fields(first):
-        values = [getattr(s, f.name) for s in snapshots]
-        if f.name != "version" and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            merged[f.name] = sum(values)
-    return replace(first, **merged)
-
-
 class ShardedRolloutEngine(RolloutEngine):
     """Created by :func:`engine.shards.open_sharded_engine`; do not instantiate directly.
 
@@ -180,7 +125,7 @@ class ShardedRolloutEngine(RolloutEngine):
 
     def __init__(self, nursery: trio.Nursery, shards: list[_Shard], config: EngineConfig, *,
                  dumper: Any = None, max_reruns: int = 2, record_admissions: bool = False,
-                 frame_interval_s: float = 0.005) -> None:
+                 frame_interval_s: float = 0.005, shard_timeout_s: float | None = None) -> None:
         backend = _CoordinatorBackend()
         super().__init__(nursery, backend, None, config, dumper)  # type: ignore[arg-type]
         backend.engine = self
@@ -191,6 +136,7 @@ class ShardedRolloutEngine(RolloutEngine):
         self._reruns: collections.Counter[int] = collections.Counter()
         self._max_reruns = max_reruns
         self._frame_interval_s = frame_interval_s
+        self._shard_timeout_s = math.inf if shard_timeout_s is None else shard_timeout_s
         self._dead_error: ShardsDiedError | None = None
         self._next_call = 0
         self._holding_admission = False  # while a frame of results is taken in: admit once, after it
@@ -323,27 +269,36 @@ class ShardedRolloutEngine(RolloutEngine):
         super().resume()
 
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
-        """As :meth:`RolloutEngine.update_weights`, on every live shard at once (each
-        pauses, loads, sets the version, resumes); dispatch pauses meanwhile.
+        """As :meth:`RolloutEngine.update_weights`; dispatch pauses meanwhile.  Where the
+        model lives in each shard (``sim``, ``hf``), every live shard updates at once
+        (pauses, loads, sets the version, resumes); where every shard's client talks to
+        the same servers (:attr:`weights_shared`), the servers load once
+        (:mod:`engine.shards._weights`).
 
         Raises:
             BackendError: a shard's update failed (naming the shard; the version
-                stays unless every shard updated).
+                stays unless the weights were loaded).
         """
         was_paused = self.paused
         self.pause()
         try:
+            if self.weights_shared:
+                await update_shared_weights(self, source, version, mode)
+                return
             outcomes = await self._call_all("update_weights", (source, version, mode))
-            failed = sorted(((i, v) for i, (ok, v) in outcomes.items() if not ok), key=lambda f: f[0])
+            failed = [(i, v) for i, (ok, v) in outcomes.items() if not ok]
             if failed:
-                i, exc = failed[0]
-                raise BackendError(f"update_weights failed on engine shard {i}"
-                                   f"{f' (and {len(failed) - 1} more)' if len(failed) > 1 else ''}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+                raise weights_error(failed) from min(failed, key=lambda f: f[0])[1]
             super().set_version(version)  # (the shards set theirs inside update_weights)
         finally:
             if not was_paused:
                 self.resume()
+
+    @property
+    def weights_shared(self) -> bool:
+        """Every shard's backend declares ``weights_shared_across_clients`` (its weights
+        live in servers all the shards' clients talk to: a weight update loads once)."""
+        return bool(self._shards) and all(s.info.get("weights_shared") for s in self._shards)
 
     def _broadcast(self, message: Any) -> None:
         for shard in self._live:
@@ -406,14 +361,21 @@ class ShardedRolloutEngine(RolloutEngine):
 
     # -- the shard channels -----------------------------------------------------------------------
     async def _serve_shard(self, shard: _Shard) -> None:
-        """Read the shard's frames until its channel ends; then, unless closing, treat
-        it as dead (its episodes run again elsewhere)."""
+        """Read the shard's frames until its channel ends, or it sends nothing for
+        ``shard_timeout_s`` (hung: it is killed); then, unless closing, treat it as
+        dead (its episodes run again elsewhere)."""
         why = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._send_forever, shard)
             try:
                 while True:
-                    messages = await shard.link.channel.receive()
+                    messages = None
+                    with trio.move_on_after(self._shard_timeout_s) as silence:
+                        messages = await shard.link.channel.receive()
+                    if silence.cancelled_caught:
+                        why = f"it sent nothing for {self._shard_timeout_s:g} s (shard_timeout_s): hung"
+                        shard.link.kill()
+                        break
                     if messages is None:
                         break
                     for message in messages:

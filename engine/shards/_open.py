@@ -35,7 +35,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
                               shard_backend: str | None = None, ray_address: str | None = None,
                               tokenizer: Any = None, start_timeout_s: float = 600.0, max_reruns: int = 2,
                               stats_interval_s: float = 0.5, frame_interval_s: float = 0.005,
-                              ray_num_cpus: float = 1.0,
+                              ray_num_cpus: float = 1.0, shard_timeout_s: float | None = None,
                               record_admissions: bool = False) -> AsyncIterator[ShardedRolloutEngine]:
     """Open a :class:`~engine.shards.ShardedRolloutEngine`: ``shards`` engine processes,
     each with its own trio loop, backend client and reward pool (the ``reward_*``
@@ -68,11 +68,17 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             many seconds (what is queued meanwhile joins it; an idle side sends at
             once): fewer, larger frames for at most this much added latency per hop.
         ray_num_cpus: Ray CPUs each shard actor holds.
+        shard_timeout_s: a shard that sends no frame for this many seconds (a live
+            shard sends its statistics at least every ``stats_interval_s``) is hung
+            (stopped, deadlocked, its loop blocked): it is killed and treated as dead
+            (its episodes run again elsewhere).  None (the default): never.  Must
+            exceed ``stats_interval_s``.
         record_admissions: keep an :class:`~engine.shards.AdmissionRecord` per
             admission in ``engine.admission_log`` (tests, audits; memory grows).
 
     Raises:
-        ValueError: ``shards < 1``, an unknown ``shard_backend``, or ``backend``
+        ValueError: ``shards < 1``, an unknown ``shard_backend``, ``shard_timeout_s <=
+            stats_interval_s``, or ``backend``
             cannot be pickled (the message names it).
         ShardStartError: (a ``RuntimeError``) a shard did not start (how it ended; its stderr is this
             process's), or Ray is missing for ``shard_backend="ray"``.
@@ -89,6 +95,10 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     for name, value in (("stats_interval_s", stats_interval_s), ("frame_interval_s", frame_interval_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if shard_timeout_s is not None and (isinstance(shard_timeout_s, bool) or not isinstance(
+            shard_timeout_s, (int, float)) or not stats_interval_s < shard_timeout_s):
+        raise ValueError(f"shard_timeout_s must be None or a number > stats_interval_s ({stats_interval_s}), "
+                         f"got {shard_timeout_s!r}")
     try:
         pickle.dumps(backend, protocol=5)
     except Exception as exc:
@@ -98,7 +108,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     init = {"config": config, "backend": backend, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
             "frame_interval_s": frame_interval_s}
     options = {"kind": kind, "ray_address": ray_address, "ray_num_cpus": ray_num_cpus, "shards": shards,
-               "start_timeout_s": start_timeout_s}
+               "start_timeout_s": start_timeout_s, "shard_timeout_s": shard_timeout_s}
     try:
         with gc_tuned(config.gc_tuning):
             async with _open(init, options, dumper, max_reruns, record_admissions) as engine:
@@ -124,7 +134,8 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
                 async with trio.open_nursery() as nursery:
                     engine = ShardedRolloutEngine(nursery, shards, init["config"], dumper=dumper,
                                                   max_reruns=max_reruns, record_admissions=record_admissions,
-                                                  frame_interval_s=init["frame_interval_s"])
+                                                  frame_interval_s=init["frame_interval_s"],
+                                                  shard_timeout_s=options["shard_timeout_s"])
                     for shard in shards:
                         nursery.start_soon(engine._serve_shard, shard, name=f"engine-shard-{shard.index}")
                     nursery.start_soon(engine._admit_forever, name="admission")
@@ -146,6 +157,7 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any],
                      services: trio.Nursery) -> tuple[list[_Shard], Any]:
     """Start every shard concurrently; if one fails, stop the others and raise."""
     links: list[Any] = [None] * options["shards"]
+    infos: list[dict[str, Any]] = [{} for _ in links]
     ray_context = None
     if options["kind"] == "ray":
         from ._ray_shard import RayShards
@@ -180,6 +192,7 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any],
             reason = await link.exit_reason()
             raise ShardStartError(f"engine shard {index} (pid {link.pid}) {reason} before it was ready "
                                "(its error is on this process's stderr)")
+        infos[index] = first[0][1]
 
     try:
         async with trio.open_nursery() as nursery:
@@ -195,26 +208,43 @@ async def _start_all(init: dict[str, Any], options: dict[str, Any],
             if starts is not None and rest is None:
                 raise ShardStartError("; ".join(str(e) for e in _leaves(starts))) from exc
         raise
-    return [_Shard(i, link) for i, link in enumerate(links)], ray_context
+    return [_Shard(i, link, info) for i, (link, info) in enumerate(zip(links, infos))], ray_context
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
-async def _close_all(shards: list[_Shard], ray_context: Any) -> None:
+async def _close_all(shards: list[_Shard], ray_context: Any, grace_s: float = 10.0) -> None:
+    """Say ``close`` to every live shard and take in what each sends until its channel
+    ends (its last results' counters and its final statistics: ``shard_statistics()``
+    and ``statistics()`` are exact after the close), then end the links."""
     async def say_close(shard: _Shard) -> None:
         with trio.move_on_after(2.0):
             try:
                 await shard.link.channel.send([("close",)])
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+        with trio.move_on_after(grace_s):
+            try:
+                while (messages := await shard.link.channel.receive()) is not None:
+                    for message in messages:
+                        if message[0] == "stats":
+                            shard.stats = message[1]
+                        elif message[0] == "ended":
+                            shard.counters = message[2]
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError,
+                    pickle.UnpicklingError):
                 pass
 
     async with trio.open_nursery() as nursery:
         for shard in shards:
             if shard.alive:
                 nursery.start_soon(say_close, shard)
-    await _close_links([s.link for s in shards], grace_s=10.0)
+    await _close_links([s.link for s in shards], grace_s=grace_s)
+    for shard in shards:
+        if shard.alive:
+            shard.alive, shard.exit = False, f"closed ({await shard.link.exit_reason(0.0)})"
     if ray_context is not None:
         await ray_context.aclose()
 

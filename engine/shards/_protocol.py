@@ -16,15 +16,18 @@ Coordinator -> shard::
     ("workflow", key, bytes)                  a pickled (workflow, should_accept_fn), once per shard
     ("submit", [(task_id, key, group_size, data_bytes), ...])
     ("version", v)      ("pause",)      ("resume",)
-    ("call", call_id, method, args)           update_weights, statistics, backend_records
+    ("call", call_id, method, args)           update_weights, statistics, backend_records,
+                                              weights_pause / weights_load / weights_resume (_weights)
     ("close",)
 
 Shard -> coordinator::
 
-    ("ready", {"pid": int, "index": int})
+    ("ready", {"pid": int, "index": int, "weights_shared": bool})   (its backend's weights_shared_across_clients)
     ("ended", encode_results(...), counters)       counters: see _shard_main._counters
     ("reply", call_id, ok, value)
-    ("stats", EngineStatistics)                    the shard engine's, every stats_interval_s
+    ("stats", EngineStatistics)                    the shard engine's, every stats_interval_s, in the
+                                                   frame where it goes idle, and in its last frame
+                                                   (after ``close``; then its channel ends)
 
 Trajectories travel in columns (:func:`encode_results`): the trajectories of a frame
 that have the same fields (names, dtypes) form a layout, and each field of a layout

@@ -92,26 +92,35 @@ async def run_shard(channel: Channel) -> None:
             outbox.append(message)
             buffer.wake_consumers()  # the sender waits on the buffer's arrivals
 
+        closing = False
+
         async def sender() -> None:
+            """One frame per wake-up: what was posted, what ended, and the engine's
+            statistics every ``stats_interval_s``, when it goes idle and when closing
+            (then the last frame: it returns)."""
             last_stats = last_send = trio.current_time()
             while True:
-                if not len(buffer) and not outbox:
+                if not len(buffer) and not outbox and not closing:
                     with trio.move_on_after(init.stats_interval_s):
-                        await buffer.wait_until(lambda: len(buffer) > 0 or bool(outbox))
+                        await buffer.wait_until(lambda: len(buffer) > 0 or bool(outbox) or closing)
                 # at most one frame per frame_interval_s: under load, what ends meanwhile joins this frame
                 await trio.sleep_until(last_send + init.frame_interval_s)
                 messages, outbox[:] = list(outbox), []
+                idle = False
                 if len(buffer):
                     results = [buffer.pop_oldest() for _ in range(len(buffer))]
                     engine._take(results)
                     messages.append(("ended", encode_results(results), _counters(engine)))
+                    idle = not engine._counts["running"] and not engine._counts["queued"]
                 now = trio.current_time()
-                if now - last_stats >= init.stats_interval_s:
+                if idle or closing or now - last_stats >= init.stats_interval_s:
                     last_stats = now
                     messages.append(("stats", engine.statistics()))
                 if messages:
                     last_send = trio.current_time()
                     await channel.send(messages)
+                if closing:
+                    return
 
         async def call(call_id: int, method: str, args: tuple[Any, ...]) -> None:
             try:
@@ -119,6 +128,9 @@ async def run_shard(channel: Channel) -> None:
                     source, version, mode = args
                     await engine.update_weights(source, version=version, mode=mode)
                     value: Any = None
+                elif method in ("weights_pause", "weights_load", "weights_resume"):
+                    await _weights_call(engine, method, args)
+                    value = None
                 elif method == "statistics":
                     value = engine.statistics()
                 elif method == "backend_records":
@@ -131,38 +143,65 @@ async def run_shard(channel: Channel) -> None:
                 return
             post(("reply", call_id, True, value))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(sender)
-            await channel.send([("ready", {"pid": os.getpid(), "index": init.index})])
-            while True:
-                messages = await channel.receive()
-                if messages is None:
-                    break
-                closing = False
-                for message in messages:
-                    kind = message[0]
-                    if kind == "submit":
-                        for task_id, key, group_size, data in message[1]:
-                            wf, fn = workflows[key]
-                            engine.submit(_loads(data), wf, should_accept_fn=fn, group_size=group_size,
-                                          task_id=task_id)
-                    elif kind == "workflow":
-                        workflows[message[1]] = _loads(message[2])
-                    elif kind == "version":
-                        engine.set_version(message[1])
-                    elif kind == "pause":
-                        engine.pause()
-                    elif kind == "resume":
-                        engine.resume()
-                    elif kind == "call":
-                        nursery.start_soon(call, *message[1:])
-                    elif kind == "close":
-                        closing = True
-                    else:
-                        raise RuntimeError(f"engine shard: unknown message {kind!r}")
-                if closing:
-                    break
-            nursery.cancel_scope.cancel()
+        await channel.send([("ready", {"pid": os.getpid(), "index": init.index, "weights_shared": bool(
+            getattr(backend, "weights_shared_across_clients", False))})])  # the first frame, before the sender's
+        async with trio.open_nursery() as outer:
+            outer.start_soon(sender)
+            async with trio.open_nursery() as nursery:  # the calls in flight
+                while not closing:
+                    messages = await channel.receive()
+                    if messages is None:
+                        break
+                    for message in messages:
+                        kind = message[0]
+                        if kind == "submit":
+                            for task_id, key, group_size, data in message[1]:
+                                wf, fn = workflows[key]
+                                engine.submit(_loads(data), wf, should_accept_fn=fn, group_size=group_size,
+                                              task_id=task_id)
+                        elif kind == "workflow":
+                            workflows[message[1]] = _loads(message[2])
+                        elif kind == "version":
+                            engine.set_version(message[1])
+                        elif kind == "pause":
+                            engine.pause()
+                        elif kind == "resume":
+                            engine.resume()
+                        elif kind == "call":
+                            nursery.start_soon(call, *message[1:])
+                        elif kind == "close":
+                            closing = True
+                        else:
+                            raise RuntimeError(f"engine shard: unknown message {kind!r}")
+                nursery.cancel_scope.cancel()
+            if closing:  # the sender sends a last frame (final statistics) and returns
+                buffer.wake_consumers()
+            else:  # the coordinator is gone
+                outer.cancel_scope.cancel()
+
+
+async def _weights_call(engine: Any, method: str, args: tuple[Any, ...]) -> None:
+    """One step of a weight update whose weights live in servers every shard shares
+    (:mod:`engine.shards._weights`): pause this shard's backend, load (one shard only),
+    or set the version (None: keep it) and resume."""
+    from ..backends.base import WeightSync
+    from ..errors import BackendError
+
+    sync = engine.backend
+    if not isinstance(sync, WeightSync):
+        if method == "weights_resume":
+            return
+        raise BackendError(f"{type(sync).__name__} does not support weight updates "
+                           "(it does not implement engine.backends.base.WeightSync: pause, resume, update_weights)")
+    if method == "weights_pause":
+        await sync.pause(args[0])
+    elif method == "weights_load":
+        source, version, mode = args
+        await sync.update_weights(source, version=version, mode=mode)
+    else:
+        if args[0] is not None:
+            engine.set_version(args[0])  # before the backend resumes: queued segments start tagged with it
+        await sync.resume()
 
 
 _loads = pickle.loads

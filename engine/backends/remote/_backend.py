@@ -18,7 +18,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import trio
@@ -55,11 +55,19 @@ class RemoteBackend(PerRequestBackend):
         seed: seeds the backoff jitter.
         sticky_cache_size: routing keys remembered for stickiness (LRU).
 
+    Attributes:
+        weights_shared_across_clients: True: the weights live in the servers, not in this
+            client, so several clients of the same servers (the shards of
+            :func:`engine.shards.open_sharded_engine`) share them: a weight update loads
+            once for all of them (:mod:`engine.shards._weights`).  A backend without this
+            attribute counts as False (its model lives in its own process: each loads).
+
     Raises:
         InvalidRequestError: no server, a URL that is not ``http(s)://``, a duplicate.
     """
 
     kind = "remote"
+    weights_shared_across_clients: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 from typing import Any
 
+import pytest
 import trio
 
 from engine.backends.hf._continuous import ContinuousBatcher
@@ -57,3 +58,23 @@ async def test_pump_routes_a_steps_outputs_in_one_trio_round_trip(monkeypatch):
     await trio.to_thread.run_sync(batcher._pump)
     assert batcher.routed == outputs  # every output, in order
     assert trips == 1
+
+
+def test_a_transformers_without_the_continuous_config_fields_is_one_clear_error(monkeypatch):
+    """Regression (seen on a GPU machine with transformers 5.17): continuous mode died with
+    a TypeError from deep inside start-up; now a BackendError naming the version and the way out."""
+    import types
+
+    import transformers
+
+    from engine.errors import BackendError
+
+    class OldConfig:
+        def __init__(self, **kwargs):
+            raise TypeError("__init__() got an unexpected keyword argument 'page_size'")
+
+    monkeypatch.setattr(transformers, "ContinuousBatchingConfig", OldConfig)
+    lm = types.SimpleNamespace(vocab_size=8, tokenizer=types.SimpleNamespace(pad_token_id=0))
+    batcher = ContinuousBatcher(lm, lambda: 0, max_batch_size=4, cache_tokens=256)  # type: ignore[arg-type]
+    with pytest.raises(BackendError, match=r"mode='continuous' needs a transformers .* use mode='static'"):
+        batcher._start_manager()

@@ -104,13 +104,21 @@ class ContinuousBatcher(Batcher):
         gen = GenerationConfig(do_sample=True, temperature=_BASE_TEMPERATURE, top_k=lm.vocab_size,
                                top_p=_BASE_TOP_P, eos_token_id=-1, max_new_tokens=1024,
                                pad_token_id=lm.tokenizer.pad_token_id or 0)
-        cbc = ContinuousBatchingConfig(
-            page_size=self.page_size, num_blocks=max(4, math.ceil(self.cache_tokens / self.page_size)),
-            max_batch_tokens=max(self.page_size, min(self.cache_tokens, 4096)),
-            max_requests_per_batch=self.max_batch_size, return_logprobs=True, per_request_processors=True,
-            # no prefix sharing: cached blocks would outlive a weight update (stale KV)
-            allow_block_sharing=False,
-        )
+        try:
+            cbc = ContinuousBatchingConfig(
+                page_size=self.page_size, num_blocks=max(4, math.ceil(self.cache_tokens / self.page_size)),
+                max_batch_tokens=max(self.page_size, min(self.cache_tokens, 4096)),
+                max_requests_per_batch=self.max_batch_size, return_logprobs=True, per_request_processors=True,
+                # no prefix sharing: cached blocks would outlive a weight update (stale KV)
+                allow_block_sharing=False,
+            )
+        except TypeError as exc:  # an older transformers (5.17 has no page_size): seen on a GPU machine
+            import transformers
+
+            raise BackendError(f"hf backend mode='continuous' needs a transformers whose ContinuousBatchingConfig "
+                               f"takes page_size/return_logprobs/per_request_processors/allow_block_sharing "
+                               f"(tested with 5.24; this is {transformers.__version__}: {exc}); "
+                               f"upgrade transformers or use mode='static'") from exc
         with torch.inference_mode():
             self.manager = lm.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
         self.manager.start()

@@ -162,11 +162,16 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
     reference_a = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     b_path, reference_b = other_weights
-    forwards, midway = [0], threading.Event()
+    forwards, midway, all_added = [0], threading.Event(), threading.Event()
     original_forward = model.forward
 
     def counting_forward(*args, **kwargs):  # lets the test know decoding is under way
         forwards[0] += 1
+        if forwards[0] == 1 and serving == "continuous":
+            # transformers' continuous manager starts decoding the first request while the
+            # others are still being added (a request added after the 6th step would be all
+            # version 1: the flake this removes); hold its first step until all 8 are in
+            assert all_added.wait(60)
         if forwards[0] == 6:
             midway.set()  # ... and holds this step until the update has been requested
             assert backend.update_requested.wait(60)
@@ -178,6 +183,19 @@ async def test_weight_update_mid_generation_of_8_requests(tiny_model_dir, other_
     prompts = [_prompt(tok, f"question number {i}") for i in range(8)]
     results = {}
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        if serving == "continuous":
+            manager = backend._batcher.manager  # type: ignore[attr-defined]
+            original_add, added = manager.add_request, [0]
+
+            def counting_add(*args, **kwargs):
+                result = original_add(*args, **kwargs)
+                added[0] += 1
+                if added[0] == 8:
+                    all_added.set()
+                return result
+
+            manager.add_request = counting_add
+
         async def one(i):
             results[i] = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=g))
 

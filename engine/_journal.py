@@ -46,7 +46,7 @@ from pathlib import Path
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-__all__ = ["LOCKED_OPTIONS", "RunState", "locked_options", "open_run_dir", "read_journal", "resolve_resume_options",
+__all__ = ["KEPT_OPTIONS", "LOCKED_OPTIONS", "RunState", "locked_options", "open_run_dir", "read_journal", "resolve_resume_options",
            "write_json_atomic"]
 
 #: Options that define a run's items and what their episodes mean; ``--resume``
@@ -58,6 +58,11 @@ LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_si
                   "system_prompt", "prompt_template", "skip_bad_rows",
                   # what an episode runs and how it is scored
                   "workflow", "workflow_kwargs", "reward", "reward_timeout")
+
+
+#: Options of how a run executes (not what its episodes mean): saved in ``run.json``
+#: too; ``--resume`` takes them from there unless given again (then the new value wins).
+KEPT_OPTIONS = ("concurrency", "shards", "shard_backend", "reward_backend")
 
 
 def locked_options(args: Any) -> list[str]:
@@ -109,6 +114,9 @@ def resolve_resume_options(args: Any, explicit: AbstractSet[str]) -> None:
             raise ValueError(f"--resume {out}: {_flag(name)} {given} differs from the run's {_flag(name)} {then} "
                              "(it would change the items or what they mean)")
         setattr(args, name, _from_run_cwd(saved[name], run.get("cwd")) if name in _PATH_OPTIONS else saved[name])
+    for name in KEPT_OPTIONS:
+        if name in saved and name not in explicit and hasattr(args, name):
+            setattr(args, name, saved[name])
 
 
 #: Locked options that may name a file relative to the directory the run was started from.

@@ -399,7 +399,7 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                        interrupt: Any) -> dict[str, Any]:
     """One segment of a run (the whole run unless interrupted): open the run
     folder, run the items not done yet, write outputs as they end."""
-    from ._journal import locked_options, open_run_dir
+    from ._journal import KEPT_OPTIONS, locked_options, open_run_dir
     from .config_file import config_dict, dump_config
     from .live import view_mode
     from .metrics import observe_run
@@ -414,7 +414,7 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     loaded = await trio.to_thread.run_sync(_load_items, args)  # a bad dataset fails before any work
     items = loaded.items
-    options = {name: getattr(args, name) for name in locked_options(args)}
+    options = {name: getattr(args, name) for name in (*locked_options(args), *KEPT_OPTIONS) if hasattr(args, name)}
     state = await trio.to_thread.run_sync(
         lambda: open_run_dir(Path(args.out), options, items, resume=args.resume is not None))
     await trio.Path(args.out, "config.toml").write_text(dump_config(config_dict(build_parser, args)),

@@ -62,3 +62,29 @@ def test_a_different_flag_is_still_refused(tmp_path: Path) -> None:
     out = _saved_run(tmp_path, {"dataset": "data.jsonl"}, str(tmp_path))
     with pytest.raises(ValueError, match="--dataset other.jsonl differs from the run's --dataset data.jsonl"):
         resolve_resume_options(_args(out, dataset="other.jsonl"), {"dataset"})
+
+
+def test_how_the_run_executed_is_kept_unless_given_again(tmp_path: Path) -> None:
+    """Regression (new-user trial): `rollout run --resume OUT` of a `--shards 2` run ran in one
+    process and rewrote config.toml without the shards: execution options were not saved."""
+    saved = {"dataset": "data.jsonl", "shards": 2, "shard_backend": "process", "concurrency": 32,
+             "reward_backend": "local"}
+    out = _saved_run(tmp_path, saved, str(tmp_path))
+    args = _args(out)
+    args.shards, args.shard_backend, args.concurrency, args.reward_backend = None, "process", 64, "local"
+    resolve_resume_options(args, set())
+    assert (args.shards, args.concurrency) == (2, 32)
+    args = _args(out)
+    args.shards, args.shard_backend, args.concurrency, args.reward_backend = 3, "process", 64, "local"
+    resolve_resume_options(args, {"shards"})  # given again: the new value wins (not what episodes mean)
+    assert (args.shards, args.concurrency) == (3, 32)
+
+
+def test_run_json_saves_how_the_run_executed(tmp_path: Path) -> None:
+    from engine.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--backend", "sim", "--dataset", "builtin:arith:2", "--n-samples", "1", "--max-new-tokens",
+                 "8", "--concurrency", "3", "--quiet", "--out", str(out)]) == 0
+    options = json.loads((out / "run.json").read_text())["options"]
+    assert options["concurrency"] == 3 and options["shards"] is None and options["reward_backend"] == "local"

@@ -67,10 +67,15 @@ class ShardStatistics:
         (as the shard ended them: the coordinator may still reject one as stale),
         ``generated_tokens``,
         ``reward_statistics`` (its reward pool's :class:`~engine.rewards` statistics as
-        a dataclass, or None) and ``backend_statistics`` (its backend client's)."""
+        a dataclass, or None) and ``backend_statistics`` (its backend client's), and
+        ``statistics_final``: True when the shard closed cleanly after sending its last
+        statistics; False for a shard that died or was killed (its figures are the last
+        snapshot it sent: its re-run episodes are counted by the shard that re-ran them)."""
         e = self.engine
+        final = not self.alive and (self.exit or "").startswith("closed (exited with status 0")
         return {"shard": self.index, "kind": self.kind, "pid": self.pid, "admitted": self.admitted,
                 "ended": self.ended, "reruns": self.rerun, "dropped": self.dropped, "exit": self.exit,
+                "statistics_final": final,
                 **{k: getattr(e, k) if e is not None else None
                    for k in ("accepted", "rejected", "failed", "generated_tokens")},
                 "reward_statistics": e.rewards if e is not None else None,

@@ -206,6 +206,7 @@ async def test_a_sigkilled_shard_process_has_its_episodes_rerun_and_counted_once
         dead, alive = engine.shard_statistics()
         assert (dead.alive, alive.alive) == (False, True)
         assert dead.exit.startswith("killed by SIGKILL")
+        assert dead.summary()["statistics_final"] is False  # its figures are a last snapshot
         assert dead.rerun > 0 and dead.ended + alive.ended == 300
         s = engine.statistics()
         assert (s.submitted, s.accepted, s.failed) == (300, 300, 0)

@@ -67,6 +67,7 @@ def test_rollout_run_shards_summary_has_exact_reward_statistics_and_a_record_per
     assert [s["shard"] for s in shards] == [0, 1]
     assert sum(s["ended"] for s in shards) == summary["submitted"] == 40
     assert {s["exit"] for s in shards} == {"closed (exited with status 0)"}
+    assert all(s["statistics_final"] for s in shards)
     assert [s["reward_statistics"] for s in shards] == pools and all(s["reruns"] == 0 for s in shards)
     last = [line for line in err.splitlines() if line.startswith("rollout progress:")][-1]
     assert "reward workers 0/2 busy" in last, last  # the shards' pools, summed

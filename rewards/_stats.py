@@ -64,7 +64,11 @@ class RewardPoolStatistics:
         batch_failures: micro-batches that timed out or whose worker died (their
             calls were re-run one by one).
         latency_p50_s, latency_p99_s: latency percentiles in seconds over the
-            last 4096 successful calls; None before the first success.
+            last 4096 successful calls; None before the first success.  A call's
+            latency is from the call to its result, so the first calls of a pool
+            include the wait for the worker processes to start (seconds where a
+            training script's ``__main__`` imports torch): until ~4096 more calls
+            have pushed them out, ``latency_p99_s`` can be that start-up wait.
     """
 
     calls: int

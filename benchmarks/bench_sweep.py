@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import (  # noqa: E402
-    HEADLINE, SIDES, BenchConfig, compare, format_table, load_tokenizer, parse_sides, plan_requests, write_json)
+    SIDES, BenchConfig, compare, format_table, load_tokenizer, median_result, parse_sides, plan_requests, write_json)
 from benchmarks.bench_shard_sides import run_shard_side, shard_side  # noqa: E402
 
 COLORS = {"ours": "tab:blue", "areal": "tab:orange", "naive": "tab:gray", "shards1": "tab:green",
@@ -46,8 +46,6 @@ NAMES = {"ours": "trio-rollout", "areal": "AReaL 1.0.4 WorkflowExecutor", "naive
 def run_shard_sides(cfg: BenchConfig, shard_counts: list[int], repeats: int, log: Any) -> list[dict[str, Any]]:
     """The ``shardsN`` sides at one point (``repeats`` runs each, interleaved; the
     median-wall run, with median headline numbers, as :func:`benchmarks.harness.compare`)."""
-    import statistics
-
     plan = plan_requests(cfg, load_tokenizer(cfg.tokenizer)[0])
     runs: dict[int, list[dict[str, Any]]] = {n: [] for n in shard_counts}
     for _ in range(repeats):
@@ -62,13 +60,7 @@ def run_shard_sides(cfg: BenchConfig, shard_counts: list[int], repeats: int, log
                     f"reward workers {by['reward_workers']}")
     out = []
     for n in shard_counts:
-        ordered = sorted(runs[n], key=lambda r: r["wall_s"])
-        best = dict(ordered[len(ordered) // 2])
-        for key in HEADLINE:
-            values = [r[key] for r in runs[n] if r.get(key) is not None]
-            best[key] = statistics.median(values) if values else None
-        best["runs"] = [{k: r.get(k) for k in HEADLINE} for r in runs[n]]
-        out.append(best)
+        out.append(median_result(runs[n]))
     return out
 
 

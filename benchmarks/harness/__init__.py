@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from .config import DEFAULT_SIM, EXTRA_SIDES, SIDES, SIM_OPTIONS, BenchConfig, parse_sides
 from .report import add_ideal, format_table, write_json
-from .sides import HEADLINE, compare, run_side
+from .sides import HEADLINE, compare, median_result, run_side
 from .workload import bench_item, corpus_token_pool, ideal_makespan, load_tokenizer, plan_requests, pool_digest
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "format_table",
     "ideal_makespan",
     "load_tokenizer",
+    "median_result",
     "parse_sides",
     "plan_requests",
     "pool_digest",

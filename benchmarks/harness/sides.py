@@ -24,7 +24,7 @@ from .config import EXTRA_SIDES, SIDES, BenchConfig, parse_sides
 from .report import add_ideal, summary
 from .workload import load_tokenizer, plan_requests
 
-__all__ = ["HEADLINE", "REPO_ROOT", "compare", "default_areal_python", "run_side", "side_child_main"]
+__all__ = ["HEADLINE", "REPO_ROOT", "compare", "default_areal_python", "median_result", "run_side", "side_child_main"]
 
 #: The checkout (``benchmarks/`` and ``engine/`` lie under it): the side processes'
 #: ``PYTHONPATH``, so that the AReaL venv, which does not install this project, imports it.
@@ -142,11 +142,18 @@ def compare(cfg: BenchConfig, sides: tuple[str, ...] = SIDES, *, areal_python: s
         if side in skipped:
             out.append({"side": side, "concurrency": cfg.concurrency, "skipped": skipped[side]})
             continue
-        ordered = sorted(runs[side], key=lambda r: r["wall_s"])
-        best = dict(ordered[len(ordered) // 2])
-        for key in HEADLINE:
-            values = [r[key] for r in runs[side] if r.get(key) is not None]
-            best[key] = statistics.median(values) if values else None
-        best["runs"] = [{k: r.get(k) for k in HEADLINE} for r in runs[side]]
-        out.append(best)
+        out.append(median_result(runs[side]))
     return out
+
+
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's repeats as one result: the median-wall run's record, its
+    :data:`HEADLINE` numbers replaced by their medians over the runs (None where no
+    run has one), and ``"runs"`` holding every run's headline numbers."""
+    ordered = sorted(runs, key=lambda r: r["wall_s"])
+    best = dict(ordered[len(ordered) // 2])
+    for key in HEADLINE:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        best[key] = statistics.median(values) if values else None
+    best["runs"] = [{k: r.get(k) for k in HEADLINE} for r in runs]
+    return best

@@ -136,10 +136,15 @@ class InferenceBackend(abc.ABC):
             backend of this package reports ``"processed"`` (after temperature, top-k and
             top-p: the distribution that was sampled; SGLang's default, vLLM's
             ``--logprobs-mode processed_logprobs``).
+        weights_shared_across_clients: False (default): the model lives in this
+            process, so each copy of the backend loads its own weights; True (the remote
+            clients): the weights live in servers that several clients share, so a
+            weight update loads them once for all (engine shards: :mod:`engine.shards._weights`).
     """
 
     kind: ClassVar[str] = "backend"
     logprob_semantics: ClassVar[str] = "processed"
+    weights_shared_across_clients: ClassVar[bool] = False
     _version: int = 0
 
     @property

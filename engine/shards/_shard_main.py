@@ -144,7 +144,7 @@ async def run_shard(channel: Channel) -> None:
             post(("reply", call_id, True, value))
 
         await channel.send([("ready", {"pid": os.getpid(), "index": init.index, "weights_shared": bool(
-            getattr(backend, "weights_shared_across_clients", False))})])  # the first frame, before the sender's
+            backend.weights_shared_across_clients)})])  # the first frame, before the sender's
         async with trio.open_nursery() as outer:
             outer.start_soon(sender)
             async with trio.open_nursery() as nursery:  # the calls in flight

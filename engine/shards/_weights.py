@@ -6,10 +6,9 @@ Two cases, told apart by each shard's backend (reported in its ``ready`` message
   runs its own engine's ``update_weights`` (pause, load, set the version, resume), all
   at once;
 * the weights live in servers outside the shards, which every shard's client talks to
-  (the remote ``sglang`` / ``vllm`` clients: a backend class attribute
-  ``weights_shared_across_clients = True``; read with ``getattr(backend,
-  "weights_shared_across_clients", False)``, so a backend that does not declare it is
-  per-process): the servers must load once, not once per shard.  Every live shard
+  (the remote ``sglang`` / ``vllm`` clients:
+  ``InferenceBackend.weights_shared_across_clients`` is True there, False by default):
+  the servers must load once, not once per shard.  Every live shard
   pauses its backend (``mode``: abort or in place); when all have, ONE shard (the
   first live one) performs the backend's ``update_weights``; then every shard sets the
   version and resumes its backend.  A shard that dies meanwhile is left out (its

@@ -59,8 +59,8 @@ class RemoteBackend(PerRequestBackend):
         weights_shared_across_clients: True: the weights live in the servers, not in this
             client, so several clients of the same servers (the shards of
             :func:`engine.shards.open_sharded_engine`) share them: a weight update loads
-            once for all of them (:mod:`engine.shards._weights`).  A backend without this
-            attribute counts as False (its model lives in its own process: each loads).
+            once for all of them (:mod:`engine.shards._weights`; the base class says False:
+            a model in its own process, each copy loads).
 
     Raises:
         InvalidRequestError: no server, a URL that is not ``http(s)://``, a duplicate.

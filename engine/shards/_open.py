@@ -72,7 +72,9 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             shard sends its statistics at least every ``stats_interval_s``) is hung
             (stopped, deadlocked, its loop blocked): it is killed and treated as dead
             (its episodes run again elsewhere).  None (the default): never.  Must
-            exceed ``stats_interval_s``.
+            exceed ``stats_interval_s``.  Closing waits for each shard's last frames
+            and exit up to ``min(10, max(2, shard_timeout_s))`` seconds (10 without
+            it), then kills it.
         record_admissions: keep an :class:`~engine.shards.AdmissionRecord` per
             admission in ``engine.admission_log`` (tests, audits; memory grows).
 
@@ -147,7 +149,10 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
                         nursery.cancel_scope.cancel()
             finally:
                 with trio.CancelScope(shield=True):
-                    await _close_all(shards, ray_context)
+                    timeout = options["shard_timeout_s"]  # a shard silent that long is hung: closing too
+                    # (at least 2 s: a healthy shard's last frames and exit after a small shard_timeout_s)
+                    await _close_all(shards, ray_context,
+                                     grace_s=10.0 if timeout is None else min(10.0, max(2.0, timeout)))
         finally:
             if dumper is not None:
                 dumper.close()
@@ -218,14 +223,16 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
 async def _close_all(shards: list[_Shard], ray_context: Any, grace_s: float = 10.0) -> None:
     """Say ``close`` to every live shard and take in what each sends until its channel
     ends (its last results' counters and its final statistics: ``shard_statistics()``
-    and ``statistics()`` are exact after the close), then end the links."""
+    and ``statistics()`` are exact after the close), then end the links.  One deadline,
+    ``grace_s`` from now, bounds both (a hung shard is killed then, not after twice it)."""
+    deadline = trio.current_time() + grace_s
     async def say_close(shard: _Shard) -> None:
         with trio.move_on_after(2.0):
             try:
                 await shard.link.channel.send([("close",)])
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
-        with trio.move_on_after(grace_s):
+        with trio.move_on_at(deadline):
             try:
                 while (messages := await shard.link.channel.receive()) is not None:
                     for message in messages:
@@ -241,7 +248,7 @@ async def _close_all(shards: list[_Shard], ray_context: Any, grace_s: float = 10
         for shard in shards:
             if shard.alive:
                 nursery.start_soon(say_close, shard)
-    await _close_links([s.link for s in shards], grace_s=grace_s)
+    await _close_links([s.link for s in shards], grace_s=max(0.0, deadline - trio.current_time()))
     for shard in shards:
         if shard.alive:
             shard.alive, shard.exit = False, f"closed ({await shard.link.exit_reason(0.0)})"

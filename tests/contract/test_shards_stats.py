@@ -161,3 +161,29 @@ def test_shard_timeout_s_must_exceed_stats_interval_s():
 
     with pytest.raises(ValueError, match="shard_timeout_s must be None or a number > stats_interval_s"):
         trio.run(main)
+
+
+async def test_closing_with_a_hung_shard_waits_at_most_shard_timeout_s():
+    """Regression (new-user trial): leaving the engine with a SIGSTOPped shard took ~20 s
+    (10 s reading its last frames, then 10 s more for the process), ignoring shard_timeout_s=3."""
+    victim_pid = None
+    try:
+        async with open_sharded_engine(sim(0.0), EngineConfig(max_concurrent_rollouts=40), shards=2,
+                                       stats_interval_s=0.2, shard_timeout_s=3.0) as engine:
+            wf = Echo()
+            for i in range(20):
+                engine.submit({"i": i, "sleep": 0}, wf)
+            await engine.wait_results(20)
+            victim_pid = engine.shard_statistics()[0].pid
+            os.kill(victim_pid, signal.SIGSTOP)
+            start = trio.current_time()
+        elapsed = trio.current_time() - start
+    finally:
+        if victim_pid is not None:
+            try:
+                os.kill(victim_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert elapsed < 3.0 + 2.0, elapsed  # one shard_timeout_s (was ~20 s)
+    dead, alive = engine.shard_statistics()
+    assert dead.exit.startswith("closed (killed by SIGKILL") and alive.exit == "closed (exited with status 0)"

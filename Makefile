@@ -75,8 +75,8 @@ bench-sweep: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_sweep.py
 
 bench-shards: $(VENV)/.bench
-	$(BIN)/python benchmarks/bench_sweep.py --concurrency 1024,4096 --episodes 4096 --sides ours --shards 1,2 \
-		--json-out benchmarks/results/bench_sweep_shards.json
+	$(BIN)/python benchmarks/bench_sweep.py --concurrency 1024,4096 --episodes 8192 --rounds 8 --sides ours \
+		--shards 1,2 --repeats 2 --json-out benchmarks/results/bench_sweep_shards.json
 
 bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py

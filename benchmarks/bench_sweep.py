@@ -52,7 +52,8 @@ def run_shard_sides(cfg: BenchConfig, shard_counts: list[int], repeats: int, log
         for n in shard_counts:
             runs[n].append(run_shard_side(shard_side(n), cfg, plan=plan))
             r = runs[n][-1]
-            log(f"  {shard_side(n):7s} C={cfg.concurrency:<6d} {r['episodes_per_s']} ep/s, eff {r['efficiency']}, "
+            log(f"  {shard_side(n):7s} C={cfg.concurrency:<6d} {r['episodes_per_s']} ep/s "
+                f"(steady {r.get('steady_episodes_per_s')}), eff {r['efficiency']}, "
                 f"CPU {r['cpu_ms_per_episode']} ms/ep, work matches plan: {r.get('work_matches_plan')}")
             by = r.get("cpu_ms_per_episode_by_process")
             if by:
@@ -74,9 +75,12 @@ def speedups(results: list[dict[str, Any]], shard_counts: list[int]) -> list[dic
             side = at.get(shard_side(n))
             if side is None:
                 continue
-            row = {"concurrency": c, "shards": n, "episodes_per_s": side["episodes_per_s"]}
+            row = {"concurrency": c, "shards": n, "episodes_per_s": side["episodes_per_s"],
+                   "steady_episodes_per_s": side.get("steady_episodes_per_s")}
             if one:
                 row["vs_1_shard"] = round(side["episodes_per_s"] / one["episodes_per_s"], 3)
+                if side.get("steady_episodes_per_s") and one.get("steady_episodes_per_s"):
+                    row["steady_vs_1_shard"] = round(side["steady_episodes_per_s"] / one["steady_episodes_per_s"], 3)
             if ours:
                 row["vs_single_process"] = round(side["episodes_per_s"] / ours["episodes_per_s"], 3)
             out.append(row)
@@ -171,6 +175,7 @@ def main() -> int:
         for row in extra["shard_speedups"]:
             print(f"  C={row['concurrency']:<6d} {row['shards']} shard(s): {row['episodes_per_s']:8.1f} ep/s"
                   f"  x{row.get('vs_1_shard', float('nan')):.2f} vs 1 shard"
+                  f"  (steady {row.get('steady_episodes_per_s')}: x{row.get('steady_vs_1_shard', float('nan')):.2f})"
                   f"  x{row.get('vs_single_process', float('nan')):.2f} vs single process")
     json_path = Path(args.json_out)
     png = plot(results, json_path.with_suffix(".png"), title)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 __all__ = ["Meter", "Tally", "children_cpu_s", "children_rss_mib", "memory_summary", "percentile", "process_cpu_s",
-           "process_tree_cpu_s", "rounded", "rss_mib", "staleness_histogram"]
+           "process_tree_cpu_s", "rounded", "rss_mib", "staleness_histogram", "steady_rate"]
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -138,6 +138,7 @@ class Meter:
             "rss_after_mib": round(rss_after, 1),
             "peak_rss_mib": round(peak, 1),
             "rss_children_mib": round(children_rss_mib(), 1),
+            "steady_episodes_per_s": steady_rate(self.samples, episodes),
             "max_inflight": max_inflight,
             "rss_per_inflight_kib": round(1024 * max(peak_sampled - self.rss_before, 0.0) / max(1, max_inflight), 2),
         }
@@ -145,6 +146,21 @@ class Meter:
         if keep_samples:
             out["memory_samples"] = self.samples
         return out
+
+
+def steady_rate(samples: list[tuple[float, float, int]], episodes: int,
+                span: tuple[float, float] = (0.25, 0.75)) -> float | None:
+    """Episodes/s between the first sample with at least ``span[0] x episodes``
+    done and the last with at most ``span[1] x episodes`` done: the rate once the
+    first episodes have come back and before the last ones drain (with C in flight
+    and ~0.56 s episodes, a 2 x C run spends ~1 s of a 3-5 s wall in ramp and
+    drain).  None when fewer than two samples fall in the span or no time passed.
+    """
+    lo = next((s for s in samples if s[2] >= span[0] * episodes), None)
+    hi = next((s for s in reversed(samples) if s[2] <= span[1] * episodes), None)
+    if lo is None or hi is None or hi[0] <= lo[0] or hi[2] <= lo[2]:
+        return None
+    return round((hi[2] - lo[2]) / (hi[0] - lo[0]), 2)
 
 
 def memory_summary(samples: list[tuple[float, float, int]], episodes: int) -> dict[str, Any]:

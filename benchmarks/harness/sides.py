@@ -31,7 +31,7 @@ __all__ = ["HEADLINE", "REPO_ROOT", "compare", "default_areal_python", "median_r
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Per-run numbers that :func:`compare` reports as medians over repeats.
-HEADLINE = ("wall_s", "episodes_per_s", "tokens_per_s", "efficiency", "cpu_ms_per_episode", "cpu_ms_per_episode_main")
+HEADLINE = ("wall_s", "episodes_per_s", "steady_episodes_per_s", "tokens_per_s", "efficiency", "cpu_ms_per_episode", "cpu_ms_per_episode_main")
 
 _ENTRY = {
     "areal": "from benchmarks.harness.peer_areal import child_main; child_main()",

@@ -34,7 +34,7 @@ from benchmarks.harness import (
 )
 from benchmarks.harness.cli import add_bench_parser, run_bench
 from benchmarks.harness.drivers import drive_naive, drive_ours
-from benchmarks.harness.meter import memory_summary
+from benchmarks.harness.meter import memory_summary, steady_rate
 from benchmarks.harness.peer_areal import SimPeer
 from engine import GenerationHyperparameters, ModelRequest
 from engine.backends.sim import POOL_SIZE, SimBackend, SimConfig, SimRequest, tile_pool
@@ -184,6 +184,15 @@ def test_memory_summary_flatness():
     summary = memory_summary(growing, 1000)
     assert summary["flat"] is False and summary["tail_min_mib"] == 110.0 and summary["tail_max_mib"] == 199.0
     assert memory_summary([], 10)["flat"] is None
+
+
+def test_steady_rate_leaves_out_ramp_and_drain():
+    # 1000 episodes: nothing for 1 s (ramp), then 100 episodes/s, then a slow drain
+    samples = [(0.0, 0.0, 0), (1.0, 0.0, 0)] + [(1.0 + k, 0.0, 100 * k) for k in range(1, 9)]
+    samples += [(12.0, 0.0, 900), (20.0, 0.0, 1000)]
+    assert steady_rate(samples, 1000) == 100.0  # the whole-run rate would be 50
+    assert steady_rate(samples[:3], 1000) is None  # no sample reaches a quarter
+    assert steady_rate([(1.0, 0.0, 300), (1.0, 0.0, 600)], 1000) is None  # no time between them
 
 
 def test_config_validation_and_areal_limits():

@@ -68,13 +68,15 @@ class ResultBuffer:
         self.peak_rows = max(self.peak_rows, self.rows)
         if result.trajectory is not None:
             self.accepted_results += 1
-        self._arrivals.unpark_all()
+        if self._arrivals:  # (a ParkingLot is falsy when empty: no list, no generator per result)
+            self._arrivals.unpark_all()
 
     def _taken(self, result: Any) -> Any:
         self.rows -= self._rows(result)
         if result.trajectory is not None:
             self.accepted_results -= 1
-        self._space.unpark_all()
+        if self._space:
+            self._space.unpark_all()
         return result
 
     def pop_oldest(self) -> Any:

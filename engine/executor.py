@@ -274,7 +274,8 @@ class RolloutEngine:
         self._queue.append(_Task(task_id, wf, data, should_accept_fn, group_size))
         self._counts["submitted"] += 1
         self._counts["queued"] += 1
-        self._admission.unpark_all()
+        if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
+            self._admission.unpark_all()
         return task_id
 
     def _resolve(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Any:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from engine.backends.sim import SimConfig, completion, draw, prompt_key, prompt_rng, tile_pool, token_pools
 
 from .config import BenchConfig
-from .meter import Meter, percentile, rounded, staleness_histogram
+from .meter import Meter, batch_figures, percentile, rounded, staleness_histogram
 from .workload import bench_item, corpus_token_pool, pool_digest
 
 __all__ = ["PeerResponse", "SimPeer", "areal_side", "child_main"]
@@ -205,13 +205,12 @@ def areal_side(cfg: BenchConfig, tokenizer_dir: str) -> dict[str, Any]:  # pragm
             first_batch_s = time.perf_counter() - meter.t0
         consumed += len(results)
         version = engine.get_version()
-        for r in results:
-            if r is None:
-                continue
-            accepted += 1
-            reward_sum += float(r["rewards"].sum())
-            oldest = int(r["versions"].masked_fill(r["loss_mask"] == 0, 1 << 30).min())
-            stale[version - oldest] = stale.get(version - oldest, 0) + 1
+        kept = [r for r in results if r is not None]
+        accepted += len(kept)
+        batch_reward, oldest = batch_figures(kept)  # the same consumer as every other side's Tally
+        reward_sum += batch_reward
+        for v in oldest:
+            stale[version - v] = stale.get(version - v, 0) + 1
         engine.set_version(version + 1)
         stats_tracker.export_all(reset=True)
     wall = time.perf_counter() - meter.t0

@@ -180,7 +180,8 @@ class ShardedRolloutEngine(RolloutEngine):
         self._queue.append(_task(task_id, key, data, group_size))
         self._counts["submitted"] += 1
         self._counts["queued"] += 1
-        self._admission.unpark_all()
+        if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
+            self._admission.unpark_all()
         return task_id
 
     def _spec_key(self, workflow: Any, should_accept_fn: Any) -> int:

@@ -34,7 +34,7 @@ from benchmarks.harness import (
 )
 from benchmarks.harness.cli import add_bench_parser, run_bench
 from benchmarks.harness.drivers import drive_naive, drive_ours
-from benchmarks.harness.meter import memory_summary, steady_rate
+from benchmarks.harness.meter import batch_figures, memory_summary, steady_rate
 from benchmarks.harness.peer_areal import SimPeer
 from engine import GenerationHyperparameters, ModelRequest
 from engine.backends.sim import POOL_SIZE, SimBackend, SimConfig, SimRequest, tile_pool
@@ -184,6 +184,29 @@ def test_memory_summary_flatness():
     summary = memory_summary(growing, 1000)
     assert summary["flat"] is False and summary["tail_min_mib"] == 110.0 and summary["tail_max_mib"] == 199.0
     assert memory_summary([], 10)["flat"] is None
+
+
+def test_batch_figures_match_the_per_trajectory_reading():
+    import random
+
+    import torch
+    from tensordict import TensorDict
+
+    rng, trajectories, oldest, rewards = random.Random(0), [], [], 0.0
+    for rows in [1] * 40 + [2, 3]:  # single samples, then groups (one figure for all rows)
+        length = rng.randint(2, 30)
+        prompt = rng.randint(1, length - 1)
+        versions = torch.full((rows, length), -1, dtype=torch.int32)
+        versions[:, prompt:] = torch.randint(3, 9, (rows, length - prompt), dtype=torch.int32)
+        mask = torch.zeros(rows, length, dtype=torch.int32)
+        mask[:, prompt:] = 1
+        reward = torch.rand(rows)
+        trajectories.append(TensorDict({"versions": versions, "loss_mask": mask, "rewards": reward}, batch_size=[rows]))
+        oldest.append(int(versions.masked_fill(mask == 0, 1 << 30).min()))  # the -1 prompt versions never count
+        rewards += float(reward.double().sum())
+    total, got = batch_figures(trajectories)
+    assert got == oldest and math.isclose(total, rewards, rel_tol=1e-12)
+    assert batch_figures([]) == (0.0, [])
 
 
 def test_steady_rate_leaves_out_ramp_and_drain():

@@ -489,7 +489,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout, startup_timeout_s=args.startup_timeout)
         doc = trio.run(run_real_bench, cfg, lambda m: print(m, file=sys.stderr, flush=True))
     except (ValueError, RolloutError, OSError) as exc:
-        print(f"rollout: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"rollout bench: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(format_real_table(doc))
     out = Path(args.out)

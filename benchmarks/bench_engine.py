@@ -79,7 +79,7 @@ def targets(results: list[dict]) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--episodes", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=256, help="consumer batch (a version bump after each)")

@@ -87,7 +87,7 @@ async def engine_generate(model, tok, prompts, new_tokens, concurrent: bool, mod
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2", help="builtin:smollm2, tiny, or an HF folder")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--serial-requests", type=int, default=8)

@@ -136,7 +136,7 @@ async def _scenario(mode: str, sessions: int, turns: int, out_len: int) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--out-len", type=int, default=16)

@@ -75,7 +75,7 @@ def quantile(sorted_values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--prefill-s", type=float, default=0.05)

@@ -483,7 +483,7 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="worker processes, both sides (2)")
     parser.add_argument("--calls", type=int, default=3200, help="throughput calls (3200)")
     parser.add_argument("--concurrency", type=int, default=64, help="throughput concurrency (64)")

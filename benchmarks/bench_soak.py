@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--concurrency", type=int, default=16384)
     p.add_argument("--batch-size", type=int, default=256)

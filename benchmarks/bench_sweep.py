@@ -124,7 +124,7 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", default="64,256,1024,4096,16384", help="comma-separated points (episodes in flight)")
     p.add_argument("--episodes", type=int, default=2000, help="at least this many episodes per point")
     p.add_argument("--rounds", type=int, default=2, help="... and at least rounds x concurrency")

@@ -269,7 +269,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     import trio
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--model", default="builtin:smollm2", help="model spec (engine.models.resolve_model)")
     p.add_argument("--device", default="cuda", help="torch device of the backend and the reference (default cuda)")
     p.add_argument("--dataset", default=DEFAULT_DATASET, help="GSM8K-style jsonl (question, answer)")

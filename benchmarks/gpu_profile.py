@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (0: SmolLM2's 30)")

@@ -62,7 +62,7 @@ LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_si
 
 #: Options of how a run executes (not what its episodes mean): saved in ``run.json``
 #: too; ``--resume`` takes them from there unless given again (then the new value wins).
-KEPT_OPTIONS = ("concurrency", "shards", "shard_backend", "reward_backend")
+KEPT_OPTIONS = ("concurrency", "shards", "shard_backend", "shard_timeout", "reward_backend")
 
 
 def locked_options(args: Any) -> list[str]:

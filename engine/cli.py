@@ -41,9 +41,9 @@ from the model the servers report, and refuses a mismatch at start-up
 (:mod:`engine._served`).  ``--seed`` is the run seed: every request's sampling
 seed derives from it, the item and the sample.
 
-Bad input ends with one line ``rollout: error: ...`` on stderr and exit status 2,
-before any work; a run that accepted no episode ends with one line and exit
-status 1 (its outputs are still written).
+Bad input ends with one line ``rollout run: error: ...`` on stderr (the prefix
+argparse's own errors have) and exit status 2, before any work; a run that accepted
+no episode ends with one such line and exit status 1 (its outputs are still written).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from collections.abc import Set as AbstractSet
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Any, NoReturn
 
 import trio
@@ -72,9 +72,23 @@ logger = logging.getLogger(f"rollout.{__name__}")
 
 class _Parser(argparse.ArgumentParser):
     run_parser: argparse.ArgumentParser  # the `run` subcommand's (for _explicit_options)
+    commands: Mapping[str, argparse.ArgumentParser]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # --out is not --out-len-median: whole option names only
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:  # one line, no usage dump
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an unknown option is the subcommand's error (``rollout run:
+        error: unrecognized arguments: ...``, as its other errors), not ``rollout``'s."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            commands = getattr(self, "commands", {})
+            commands.get(getattr(parsed, "command", None), self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def _int_at_least(minimum: int):
@@ -110,6 +124,20 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+#: How often a shard sends its statistics (open_sharded_engine's stats_interval_s): a
+#: live shard is never silent longer, so --shard-timeout must exceed it.
+_SHARD_STATS_INTERVAL_S = 0.5
+_RUN_ERROR = "rollout run: error:"  # argparse's prefix for `rollout run`: every error line of the run has it
+
+
+def _shard_timeout(text: str) -> float:
+    value = _positive_float(text)
+    if value <= _SHARD_STATS_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be > {_SHARD_STATS_INTERVAL_S} s (a live shard reports every "
+                                         f"{_SHARD_STATS_INTERVAL_S} s), got {text}")
+    return value
+
+
 _BENCH_HELP = ("throughput benchmark (benchmarks.harness): on the simulated server side by side with AReaL's "
                "executor and a naive loop (--backend sim), or asynchronous vs synchronous batched rollout on a "
                "real backend (--backend hf|sglang|vllm); `rollout bench --help` for its options")
@@ -118,6 +146,7 @@ _BENCH_HELP = ("throughput benchmark (benchmarks.harness): on the simulated serv
 def build_parser() -> _Parser:
     parser = _Parser(prog="rollout", description="trio-rollout: a trio-native rollout engine for LLM RL.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices  # name -> subcommand parser (for parse_args' errors)
     from ._cli_workflow import add_workflow_arguments, workflows_epilog
 
     run = sub.add_parser("run", help="run a workflow (default RLVR) over a dataset and write trajectories",
@@ -173,6 +202,10 @@ def build_parser() -> _Parser:
                           "reward pool) behind one coordinator (engine.shards; --backend sim|sglang|vllm)")
     run.add_argument("--shard-backend", choices=("process", "ray"), default="process",
                      help="--shards as local processes (default) or Ray actors (on --ray-address)")
+    run.add_argument("--shard-timeout", type=_shard_timeout, default=None, metavar="SECONDS",
+                     help="with --shards: a shard that sends nothing for this many seconds (stopped, deadlocked, "
+                          "its loop blocked; a live one reports every 0.5 s) is killed and its episodes run again "
+                          "on the other shards (default: never)")
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
     run.add_argument("--resume", type=Path, default=None, metavar="DIR",
@@ -208,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("serve", "report"):
         return args.handler(args)
     if args.backend in ("sglang", "vllm") and not args.server:
-        print(f"rollout: error: --backend {args.backend} needs at least one --server URL", file=sys.stderr)
+        print(f"{_RUN_ERROR} --backend {args.backend} needs at least one --server URL", file=sys.stderr)
         return 2
     explicit = _explicit_options(argv) if args.resume is not None else set()
     try:
@@ -229,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         args.workflow_plan = plan_workflow(args)  # before the model loads: a typo fails at once
         summary = trio.run(_run, args, explicit)
     except (RolloutError, ValueError, OSError) as exc:
-        print(f"rollout: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{_RUN_ERROR} {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before the signal receiver was installed
         print("rollout: interrupted", file=sys.stderr)
@@ -246,13 +279,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130 if summary["exit"] == "SIGINT" else 143
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
-        print(f"rollout: error: {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
+        print(f"{_RUN_ERROR} {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
         return 1
     print(_done_line(summary))
     print(f"wrote {out / 'trajectories'}/ , {out / 'rollouts.jsonl'} , {out / 'summary.json'}")
     fallbacks, rows = summary.get("reward_fallbacks", 0), summary["trajectories"]
     if fallbacks and fallbacks >= rows:  # every reward is the timeout fallback: nothing real to train on
-        print(f"rollout: error: every reward timed out ({fallbacks} fallback rewards of 0.0 for {rows} "
+        print(f"{_RUN_ERROR} every reward timed out ({fallbacks} fallback rewards of 0.0 for {rows} "
               "trajectories); raise --reward-timeout or fix the reward", file=sys.stderr)
         return 1
     if fallbacks:
@@ -263,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _done_line(summary: dict[str, Any]) -> str:
     """The line a finished run prints: accepted of submitted (episodes an interrupted
-    segment cancelled or lost were submitted again: said, so that they do not read as
-    failures)."""
+    segment cancelled, lost or never started were submitted again: said, so that they
+    do not read as failures; not all of them had started, so not "interrupted")."""
     again_n = (summary.get("lost") or 0) + (summary.get("cancelled") or 0)
-    again = f" ({again_n} interrupted and run again)" if again_n else ""
+    again = f" ({again_n} submitted again after an interruption)" if again_n else ""
     return (
         f"{summary['accepted']}/{summary['submitted']} episodes accepted{again}, {summary['trajectories']} "
         f"trajectories, reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "
@@ -408,6 +441,8 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
     if args.resume is not None:  # (its options were resolved in main)
         if args.backend in ("sglang", "vllm") and not args.server:
             raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
+    if args.shard_timeout is not None and not args.shards:
+        raise ValueError("--shard-timeout applies to --shards N (a shard that falls silent is killed)")
     if args.shards and args.backend == "hf":
         raise ValueError("--shards: --backend hf loads the model in this process; use --backend sim|sglang|vllm")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
@@ -464,6 +499,7 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                                 engine.restore(state.version)
                             async with observe_run(engine, total=len(todo), out=Path(args.out),
                                                    append=args.resume is not None, view=view_mode(quiet=args.quiet),
+                                                   consumer=args.consumer_batch_size is not None,
                                                    interval_s=args.progress_interval,
                                                    metrics_port=args.metrics_port,
                                                    metrics_host=args.metrics_host) as monitor:
@@ -501,7 +537,8 @@ def _open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer:
 
     return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
                                ray_address=args.ray_address if args.shard_backend == "ray" else None,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer, stats_interval_s=_SHARD_STATS_INTERVAL_S,
+                               shard_timeout_s=args.shard_timeout)
 
 
 async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:

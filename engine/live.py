@@ -10,8 +10,11 @@ Both show a :class:`~engine.monitor.RunSnapshot`:
 * staleness: the policy version, admission capacity, how far generation runs
   ahead of consumption (versions) against its bound ``eta``, and the staleness
   of consumed trajectories;
-* the reward pool: busy workers of the maximum, calls, timeouts, workers killed
-  or dead, fallbacks.
+* the reward pool: busy (or starting) workers of the maximum, calls, timeouts,
+  workers killed or dead, fallbacks.
+
+Without a consumer (``rollout run`` without ``--consumer-batch-size``: the version
+never moves) "generation ahead" means nothing and is left out.
 
 :func:`render` builds the rich renderable (a test prints it on a recording
 ``Console``); :func:`plain_line` the one-line form; :func:`run_view` refreshes
@@ -37,6 +40,14 @@ def _reasons(by_reason: dict[str, int]) -> str:
 def _ahead(s: RunSnapshot) -> str:
     bound = "unbounded" if s.eta is None else f"max {s.eta}"
     return f"{s.ahead_versions:.1f} versions ({bound})"
+
+
+def _workers(s: RunSnapshot) -> str:
+    """``"1/2 busy"``, ``"1/2 busy, 1 starting"``, or ``"2/2 starting"`` while none is busy yet."""
+    if s.reward_workers_starting and not s.reward_workers_busy:
+        return f"{s.reward_workers_starting}/{s.reward_max_workers} starting"
+    starting = f", {s.reward_workers_starting} starting" if s.reward_workers_starting else ""
+    return f"{s.reward_workers_busy}/{s.reward_max_workers} busy{starting}"
 
 
 def render(s: RunSnapshot) -> Any:
@@ -65,12 +76,14 @@ def render(s: RunSnapshot) -> Any:
                    padding=(0, 2), show_header=False)
     gauges.add_column()
     gauges.add_column()
-    gauges.add_row("policy version", f"{s.version}  (consumer batch {s.consumer_batch_size})")
+    gauges.add_row("policy version", f"{s.version}  (consumer batch {s.consumer_batch_size})" if s.consumer
+                   else f"{s.version}  (no consumer batches)")
     gauges.add_row("admission capacity", str(s.capacity))
-    gauges.add_row("generation ahead", _ahead(s))
+    if s.consumer:
+        gauges.add_row("generation ahead", _ahead(s))
     gauges.add_row("consumed staleness", f"mean {s.consumed_staleness_mean:.2f}, max {s.consumed_staleness_max} "
                                          f"over {s.consumed} trajectories")
-    gauges.add_row("reward workers", f"{s.reward_workers_busy}/{s.reward_max_workers} busy, {s.reward_calls} calls")
+    gauges.add_row("reward workers", f"{_workers(s)}, {s.reward_calls} calls")
     gauges.add_row("reward trouble", f"{s.reward_timeouts} timeouts, {s.reward_workers_killed} killed, "
                                      f"{s.reward_worker_deaths} died, {s.reward_fallbacks} fallbacks, "
                                      f"{s.reward_errors} errors")
@@ -93,11 +106,11 @@ def plain_line(s: RunSnapshot) -> str:
     reasons = _reasons({**s.rejected_by_reason, **s.failed_by_reason})
     longest = (f" | longest #{s.stragglers[0].task_id} {s.stragglers[0].seconds:.1f} s "
                f"{s.stragglers[0].tokens} tok" if s.stragglers else "")
+    ahead = f" ahead {s.ahead_versions:.1f}" if s.consumer else ""
     return (f"rollout progress: {s.elapsed_s:.0f} s | ended {s.ended}/{s.total} (ok {s.accepted}, rej {s.rejected}, "
             f"fail {s.failed}{': ' + reasons if reasons else ''}) | in flight {s.running}, waiting {s.queued} | "
-            f"{s.tokens_per_s:.0f} tok/s | v{s.version} cap {s.capacity} ahead {s.ahead_versions:.1f} | "
-            f"reward workers {s.reward_workers_busy}/{s.reward_max_workers} busy, {s.reward_timeouts} timeouts, "
-            f"{s.reward_workers_killed} killed{longest}")
+            f"{s.tokens_per_s:.0f} tok/s | v{s.version} cap {s.capacity}{ahead} | "
+            f"reward workers {_workers(s)}, {s.reward_timeouts} timeouts, {s.reward_workers_killed} killed{longest}")
 
 
 async def run_view(monitor: RunMonitor, mode: str, *, interval_s: float = 5.0, stream: TextIO | None = None,

@@ -17,11 +17,12 @@ once the run has ended.  Counters end in ``_total``:
 ``rollout_tokens_per_second``               generated tokens per second, last 10 s
 ``rollout_policy_version``                  current policy version
 ``rollout_admission_capacity``              episodes that may start now
-``rollout_generation_ahead_versions``       how far generation runs ahead of consumption
+``rollout_generation_ahead_versions``       how far generation runs ahead of consumption (absent without a consumer)
 ``rollout_max_head_offpolicyness``          the bound on that (absent when unbounded)
 ``rollout_consumed_staleness_mean``/``_max``  staleness of consumed trajectories (versions)
 ``rollout_longest_running_episode_seconds`` running time of the oldest episode in flight
 ``rollout_reward_workers_busy``/``_max``    reward worker processes busy / at most
+``rollout_reward_workers_starting``         reward worker processes being started
 ``rollout_reward_calls_total``, ``..._timeouts_total``, ``..._workers_killed_total``,
 ``..._worker_deaths_total``, ``..._fallbacks_total``, ``..._errors_total``  the reward pool's counters
 ==========================================  =====================================================
@@ -69,8 +70,6 @@ def snapshot_metrics(s: RunSnapshot) -> list[Any]:
         gauge("tokens_per_second", "Generated tokens per second over the last 10 s", s.tokens_per_s),
         gauge("policy_version", "Current policy version", s.version),
         gauge("admission_capacity", "Episodes that may start now", s.capacity),
-        gauge("generation_ahead_versions", "How far generation runs ahead of consumption, in versions",
-              s.ahead_versions),
         gauge("consumed_staleness_mean", "Mean staleness of consumed trajectories (versions)",
               s.consumed_staleness_mean),
         gauge("consumed_staleness_max", "Largest staleness of a consumed trajectory (versions)",
@@ -79,6 +78,7 @@ def snapshot_metrics(s: RunSnapshot) -> list[Any]:
               s.stragglers[0].seconds if s.stragglers else 0.0),
         gauge("reward_workers_busy", "Reward worker processes busy", s.reward_workers_busy),
         gauge("reward_workers_max", "Reward worker processes at most", s.reward_max_workers),
+        gauge("reward_workers_starting", "Reward worker processes being started", s.reward_workers_starting),
         counter("reward_calls", "Reward calls", s.reward_calls),
         counter("reward_timeouts", "Reward attempts that timed out", s.reward_timeouts),
         counter("reward_workers_killed", "Reward workers killed (timeout or cancel)", s.reward_workers_killed),
@@ -86,6 +86,9 @@ def snapshot_metrics(s: RunSnapshot) -> list[Any]:
         counter("reward_fallbacks", "Reward calls that ended with the fallback value", s.reward_fallbacks),
         counter("reward_errors", "Reward calls that raised", s.reward_errors),
     ]
+    if s.consumer:
+        out.append(gauge("generation_ahead_versions", "How far generation runs ahead of consumption, in versions",
+                         s.ahead_versions))
     if s.eta is not None:
         out.append(gauge("max_head_offpolicyness", "Bound on generation ahead (eta)", s.eta))
     return out
@@ -137,7 +140,7 @@ async def open_metrics_server(monitor: RunMonitor, port: int, host: str = "127.0
 
 @asynccontextmanager
 async def observe_run(engine: Any, *, total: int, out: Path | None, append: bool = False, view: str = "off",
-                      interval_s: float = 5.0,
+                      interval_s: float = 5.0, consumer: bool = True,
                       metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                       console: Any = None, stream: Any = None) -> AsyncIterator[RunMonitor]:
     """Watch a run in this scope: a :class:`RunMonitor` (yielded; wrap the workflow
@@ -145,11 +148,12 @@ async def observe_run(engine: Any, *, total: int, out: Path | None, append: bool
     ``metrics.jsonl``/``episodes.jsonl`` into ``out`` (appended to with ``append``,
     as a resumed run does), the live view (``view``:
     ``"rich"``, ``"plain"`` or ``"off"``, :func:`engine.live.run_view`) and, with
-    ``metrics_port``, the Prometheus endpoint.  Leaving the scope writes the last
-    sample and shows the final state."""
+    ``metrics_port``, the Prometheus endpoint.  ``consumer``: a consumer takes batches
+    and bumps the version (False: the views leave "generation ahead" out).  Leaving
+    the scope writes the last sample and shows the final state."""
     from .live import run_view
 
-    monitor = RunMonitor(engine, total=total)
+    monitor = RunMonitor(engine, total=total, consumer=consumer)
     async with trio.open_nursery() as nursery:
         if out is not None:
             await nursery.start(lambda task_status: monitor.run_recorder(out, append=append, task_status=task_status))

@@ -60,7 +60,11 @@ class RunSnapshot:
     ``tokens_per_s`` is measured over the last 10 s; ``ahead_versions`` is how
     far generation runs ahead of consumption, ``(accepted + running) / B - version``
     (AReaL's staleness accounting, :mod:`engine.staleness`); ``eta`` is the bound
-    on it (``--max-head-offpolicyness``, ``None`` = unbounded).
+    on it (``--max-head-offpolicyness``, ``None`` = unbounded).  ``consumer`` is
+    False when no consumer takes batches of ``consumer_batch_size`` and bumps the
+    version (``rollout run`` without ``--consumer-batch-size``): ``ahead_versions``
+    then means nothing and the views leave it out.  ``reward_workers_starting``:
+    reward workers being started (not counted busy).
     """
 
     elapsed_s: float
@@ -89,6 +93,8 @@ class RunSnapshot:
     reward_worker_deaths: int = 0
     reward_fallbacks: int = 0
     reward_errors: int = 0
+    reward_workers_starting: int = 0
+    consumer: bool = True
     consumed: int = 0
     consumed_staleness_mean: float = 0.0
     consumed_staleness_max: int = 0
@@ -161,12 +167,14 @@ class RunMonitor:
         engine: the open :class:`~engine.executor.RolloutEngine`.
         total: episodes the run will submit (for "ended N of total").
         top: how many stragglers / slowest ended episodes a snapshot lists.
+        consumer: a consumer takes batches and bumps the version (``RunSnapshot.consumer``).
     """
 
-    def __init__(self, engine: Any, *, total: int, top: int = 5) -> None:
+    def __init__(self, engine: Any, *, total: int, top: int = 5, consumer: bool = True) -> None:
         self.engine = engine
         self.total = total
         self.top = top
+        self.consumer = consumer
         self.metrics_url: str | None = None  # set by engine.metrics.observe_run when it serves metrics
         self.start = trio.current_time()
         self._live: dict[int, _Live] = {}
@@ -244,8 +252,8 @@ class RunMonitor:
             reward_max_workers=getattr(r, "max_workers", 0) or 0, reward_timeouts=getattr(r, "timeouts", 0),
             reward_workers_killed=getattr(r, "workers_killed", 0),
             reward_worker_deaths=getattr(r, "worker_deaths", 0), reward_fallbacks=getattr(r, "fallbacks", 0),
-            reward_errors=getattr(r, "errors", 0),
-            consumed=len(stale), consumed_staleness_mean=sum(stale) / len(stale) if stale else 0.0,
+            reward_errors=getattr(r, "errors", 0), reward_workers_starting=getattr(r, "workers_starting", 0),
+            consumer=self.consumer, consumed=len(stale), consumed_staleness_mean=sum(stale) / len(stale) if stale else 0.0,
             consumed_staleness_max=max(stale, default=0),
             stragglers=stragglers, slowest_ended=tuple(self._slowest),
         )
@@ -294,7 +302,8 @@ def _summed(rewards: Any) -> Any:
         return rewards
     pools = [p for p in rewards if p is not None]
     return SimpleNamespace(**{name: sum(getattr(p, name, 0) or 0 for p in pools) for name in (
-        "calls", "workers_busy", "max_workers", "timeouts", "workers_killed", "worker_deaths", "fallbacks", "errors")})
+        "calls", "workers_busy", "workers_starting", "max_workers", "timeouts", "workers_killed", "worker_deaths",
+        "fallbacks", "errors")})
 
 
 def _generated_tokens(traj: Any) -> int:

@@ -170,7 +170,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         paths = write_report(args.run_dir, args.out)
     except (ReportError, OSError) as exc:
-        print(f"rollout: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"rollout report: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     for path in paths:
         print(f"wrote {path}")

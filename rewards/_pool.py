@@ -103,7 +103,7 @@ class RewardPool:
     def statistics(self) -> RewardPoolStatistics:
         """Return a snapshot of the counters (also works after close)."""
         busy, idle = self._slots.worker_counts()
-        return self._counters.snapshot(self.max_workers, busy, idle)
+        return self._counters.snapshot(self.max_workers, busy, idle, 0 if self.closed else self._slots.starting)
 
     def score(
         self, reward_fn: Callable[..., Any], prompt: Any, completions: Any, prompt_ids: Any, completion_ids: Any,

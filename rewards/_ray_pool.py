@@ -139,11 +139,15 @@ class RaySlots(WorkerSlots):
         """
         actors, counters = self.actors, self.counters
         ray = actors.ray
+        fresh = not actors.idle  # get() starts an actor: counted as starting, not running
+        self.starting += fresh
         try:
             actor = await actors.get()
         except ray.exceptions.RayActorError as exc:  # died while starting
             counters.worker_deaths += 1
             raise trio_parallel.BrokenWorkerError(f"Ray reward actor died at start: {exc}") from None
+        finally:
+            self.starting -= fresh
         actors.running += 1
         keep = False
         try:

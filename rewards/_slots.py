@@ -67,6 +67,7 @@ class WorkerSlots:
         limiter: the slots; hold one around :meth:`run_job` (:meth:`acquire` /
             :meth:`release`, or ``acquire_on_behalf_of`` for a batch).
         closed: set when the pool closes (a Ray worker is then not kept).
+        starting: workers being started now (:meth:`_start_worker`).
     """
 
     def __init__(self, context: trio_parallel.WorkerContext | None, max_workers: int, counters: Counters) -> None:
@@ -75,6 +76,7 @@ class WorkerSlots:
         self.counters = counters
         self.limiter = trio.CapacityLimiter(max_workers)
         self.closed = False
+        self.starting = 0
         self._unlimited = _NoLimit()  # our limiter is held instead, outside the timeout
 
     async def acquire(self) -> None:
@@ -132,6 +134,7 @@ class WorkerSlots:
         """
         assert self._ctx is not None
         counters = self.counters
+        self.starting += 1
         try:
             with trio.move_on_after(WORKER_START_TIMEOUT_S) as scope:
                 await self._ctx.run_sync(int, kill_on_cancel=True, limiter=self._unlimited)
@@ -141,6 +144,8 @@ class WorkerSlots:
         except trio_parallel.BrokenWorkerError:
             counters.worker_deaths += 1
             raise
+        finally:
+            self.starting -= 1
         if scope.cancelled_caught:
             counters.workers_killed += 1
             raise trio_parallel.BrokenWorkerError(
@@ -148,8 +153,9 @@ class WorkerSlots:
             )
 
     def worker_counts(self) -> tuple[int, int]:
-        """``(running, idle)`` worker processes now; ``(0, 0)`` once closed."""
+        """``(running a job, idle)`` worker processes now (one being started is in
+        :attr:`starting` instead); ``(0, 0)`` once closed."""
         if self.closed or self._ctx is None:
             return 0, 0
-        workers = self._ctx.statistics()
-        return workers.running_workers, workers.idle_workers
+        workers = self._ctx.statistics()  # (its running workers include the ones starting)
+        return max(0, workers.running_workers - self.starting), workers.idle_workers

@@ -54,8 +54,10 @@ class RewardPoolStatistics:
             replaced by a fresh process at the next job.
         cancelled: calls cancelled by their caller.
         busy: calls in flight now (running or waiting for a worker).
-        workers_busy: worker processes running a job now.
+        workers_busy: worker processes running a job now (not counting starting ones).
         workers_idle: live worker processes waiting for a job.
+        workers_starting: worker processes (or Ray actors) being started now, their
+            first job waiting for them (seconds for a spawn worker that imports torch).
         max_workers: the most worker processes running at once.
         batches: worker jobs that carried a micro-batch (``batch_size > 1``; a
             call alone at low load is a batch of one).
@@ -90,6 +92,7 @@ class RewardPoolStatistics:
     batched_calls: int
     latency_p50_s: float | None
     latency_p99_s: float | None
+    workers_starting: int = 0
 
 
 class Counters:
@@ -107,7 +110,8 @@ class Counters:
         self.busy = 0
         self.latencies = LatencyWindow()
 
-    def snapshot(self, max_workers: int, workers_busy: int, workers_idle: int) -> RewardPoolStatistics:
+    def snapshot(self, max_workers: int, workers_busy: int, workers_idle: int,
+                 workers_starting: int = 0) -> RewardPoolStatistics:
         """The counters now, as a frozen record."""
         p50, p99 = self.latencies.percentiles(0.50, 0.99)
         return RewardPoolStatistics(
@@ -124,6 +128,7 @@ class Counters:
             busy=self.busy,
             workers_busy=workers_busy,
             workers_idle=workers_idle,
+            workers_starting=workers_starting,
             max_workers=max_workers,
             batches=self.batches,
             batched_calls=self.batched_calls,

@@ -124,7 +124,7 @@ def run_bench(args: argparse.Namespace) -> int:
         results = compare(cfg, sides, areal_python=args.areal_python, repeats=args.repeats,
                           log=lambda m: print(m, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:
-        print(f"rollout: error: {exc}", file=sys.stderr)
+        print(f"rollout bench: error: {exc}", file=sys.stderr)
         return 2
     tokenizers = sorted({r["tokenizer"] for r in results if r.get("tokenizer")})
     print(format_table(results, title=f"rollout bench: {cfg.episodes} episodes, {cfg.concurrency} in flight, "
@@ -136,6 +136,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # whole option names only (--out is not --out-len-median)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # one line, no usage dump (as rollout's other commands)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -144,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     """``rollout bench ...`` / ``python -m benchmarks.harness.cli ...``: ``argv`` are the
     options after ``bench``; the exit status (2: bad options)."""
     parser = _Parser(prog="rollout")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    return run_bench(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+    bench = add_bench_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    args, extra = parser.parse_known_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    if extra:  # bench's error (`rollout bench: error: ...`, as its others), not `rollout`'s
+        bench.error(f"unrecognized arguments: {' '.join(extra)}")
+    return run_bench(args)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``serve`` sub-command to ``subparsers`` (``rollout serve``)."""
     p = subparsers.add_parser("serve", help="serve a local model behind SGLang's native HTTP API",
-                              description="Serve a local model (the hf backend) behind SGLang's /generate API.")
+                              description="Serve a local model (the hf backend) behind SGLang's /generate API.",
+                              allow_abbrev=False)  # whole option names only
     p.add_argument("--model", default=None, help="HF model folder or hub id (default: the built-in SmolLM2-135M)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 = any free port, printed)")
@@ -101,10 +102,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``rollout serve`` from parsed arguments; returns the exit status."""
     if args.port < 0 or args.port > 65535:
-        print(f"rollout: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+        print(f"rollout serve: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
         return 2
     if args.max_batch_size < 1 or not (args.batch_window_ms >= 0):
-        print("rollout: error: --max-batch-size must be >= 1 and --batch-window-ms >= 0", file=sys.stderr)
+        print("rollout serve: error: --max-batch-size must be >= 1 and --batch-window-ms >= 0", file=sys.stderr)
         return 2
     config = ServeConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                          max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
@@ -115,7 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
         except BaseExceptionGroup as group:  # raised inside the server's nursery (e.g. loading the model)
             raise unwrap_single(group) from None
     except (RolloutError, ValueError, OSError) as exc:
-        print(f"rollout: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"rollout serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         pass
@@ -125,7 +126,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m engine.serve [options]``: parse, configure logging (a process entry point),
     run; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="rollout")
+    parser = argparse.ArgumentParser(prog="rollout", allow_abbrev=False)
     add_serve_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

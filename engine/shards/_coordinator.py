@@ -45,7 +45,7 @@ from ..backends.base import BackendStatistics
 from ..errors import RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
 from ._protocol import decode_results
-from ._statistics import AdmissionRecord, ShardStatistics, merge_statistics
+from ._statistics import AdmissionRecord, ShardStatistics, at_rest, merge_statistics
 from ._weights import update_shared_weights, weights_error
 
 __all__ = ["AdmissionRecord", "ShardStartError", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
@@ -74,7 +74,7 @@ class _Shard:
         self.submits: list[Any] = []
         self.wake = trio.Event()
         self.known: set[int] = set()
-        self.admitted = self.ended = self.rerun = self.dropped = 0
+        self.admitted = self.ended = self.reruns = self.dropped = 0
         self.counters: tuple[int, ...] = (0, 0, 0, 0)
         self.stats: EngineStatistics | None = None
         self.calls: dict[int, list[Any]] = {}
@@ -86,7 +86,8 @@ class _Shard:
 
 class _CoordinatorBackend:
     """The coordinator's stand-in for ``engine.backend``: the version lives in the
-    shards' backends; statistics are merged from their latest snapshots."""
+    shards' backends; statistics are merged from their latest snapshots (a dead shard's
+    totals count, its gauges do not: :func:`~engine.shards._statistics.merge_statistics`)."""
 
     kind = "sharded"
     logprob_semantics = "processed"
@@ -100,9 +101,10 @@ class _CoordinatorBackend:
 
     def statistics(self) -> Any:
         engine = self.engine
-        snaps = [s.stats.backend for s in engine._shards if s.stats is not None] if engine else []
-        return merge_statistics(snaps) if snaps else BackendStatistics(kind="sharded", version=self.version,
-                                                                       logprob_semantics=self.logprob_semantics)
+        reported = [(s.stats.backend, s.alive) for s in engine._shards if s.stats is not None] if engine else []
+        if not reported:
+            return BackendStatistics(kind="sharded", version=self.version, logprob_semantics=self.logprob_semantics)
+        return merge_statistics([snap for snap, _ in reported], alive=[up for _, up in reported])
 
 
 class ShardedRolloutEngine(RolloutEngine):
@@ -344,16 +346,19 @@ class ShardedRolloutEngine(RolloutEngine):
         (exact, global); ``generated_tokens``, ``segments_resumed``,
         ``reward_fallbacks``, ``retokenization_drifts`` are sums over the shards as of
         their latest results; ``backend`` sums the shards' latest backend snapshots;
-        ``rewards`` is a tuple of the shards' reward pool statistics."""
+        ``rewards`` is a tuple of the shards' reward pool statistics.  A shard no
+        longer alive counts with its last snapshot's totals and its gauges at 0
+        (nothing runs there: :data:`~engine.shards._statistics.GAUGES`)."""
         base = super().statistics()
         totals = [sum(s.counters[i] for s in self._shards) for i in range(4)]
         return replace(base, generated_tokens=totals[0], segments_resumed=totals[1], reward_fallbacks=totals[2],
                        retokenization_drifts=totals[3],
-                       rewards=tuple(s.stats.rewards if s.stats is not None else None for s in self._shards))
+                       rewards=tuple(None if s.stats is None else s.stats.rewards if s.alive
+                                     else at_rest(s.stats.rewards) for s in self._shards))
 
     def shard_statistics(self) -> list[ShardStatistics]:
         return [ShardStatistics(s.index, s.link.pid, s.link.kind, s.alive, s.exit, len(s.inflight), s.admitted,
-                                s.ended, s.rerun, s.dropped, s.stats) for s in self._shards]
+                                s.ended, s.reruns, s.dropped, s.stats) for s in self._shards]
 
     @property
     def shard_pids(self) -> list[int | None]:
@@ -472,7 +477,7 @@ class ShardedRolloutEngine(RolloutEngine):
             self._reruns[task.task_id] += 1
             if self._live and self._reruns[task.task_id] <= self._max_reruns:
                 again.append(task)
-                shard.rerun += 1
+                shard.reruns += 1
             else:
                 self._fail_queued(task, f"engine shard {shard.index} died ({why}) while running it"
                                   + ("" if not self._live else f", for the {self._reruns[task.task_id]}th time"))

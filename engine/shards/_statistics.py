@@ -1,6 +1,7 @@
 """What a sharded engine reports about its shards: :class:`ShardStatistics` (one
 shard as the coordinator sees it), :class:`AdmissionRecord` (one admission, for
-audits), and :func:`merge_statistics` (the shards' backend snapshots summed)."""
+audits), :func:`merge_statistics` (the shards' backend snapshots summed) and
+:func:`at_rest` (a dead shard's snapshot with its gauges at 0)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,21 @@ from typing import Any
 
 from ..executor import EngineStatistics
 
-__all__ = ["AdmissionRecord", "ShardStatistics", "merge_statistics"]
+__all__ = ["GAUGES", "AdmissionRecord", "ShardStatistics", "at_rest", "merge_statistics"]
+
+#: The fields of the statistics a shard sends that are values *now* (in flight,
+#: running, queued, idle), not totals: :class:`~engine.backends.base.BackendStatistics`
+#: ``requests_running``; the sim's ``sequences_running`` / ``_queued`` / ``_decoding``;
+#: the hf backend's ``requests_waiting``; :class:`~rewards.RewardPoolStatistics`
+#: ``busy``, ``workers_busy``, ``workers_idle``, ``workers_starting``.  Every other
+#: int/float field is a total (a counter), a peak or a mean.  A shard that is no
+#: longer alive has none of these: its gauges count as 0 (:func:`at_rest`).
+GAUGES = frozenset({"requests_running", "sequences_running", "sequences_queued", "sequences_decoding",
+                    "requests_waiting", "busy", "workers_busy", "workers_idle", "workers_starting"})
+
+#: Mean fields, merged weighted by the count they are a mean over (the hf backend's
+#: ``batch_occupancy``: requests per ``generate`` call, over ``batches``).
+_MEANS = {"batch_occupancy": "batches"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,7 @@ class ShardStatistics:
             (...)"`` when the engine closed it, else how it died).
         running: episodes dispatched to it and not ended.
         admitted, ended: lifetime episodes dispatched to it / returned by it.
-        rerun: episodes taken back from it when it died and queued again.
+        reruns: episodes taken back from it when it died and queued again.
         dropped: results it sent for episodes it no longer held (dropped by task id).
         engine: the latest statistics of its own engine (or None before the first).
             A shard sends them every ``stats_interval_s``, with the frame in which it
@@ -56,7 +71,7 @@ class ShardStatistics:
     running: int
     admitted: int
     ended: int
-    rerun: int
+    reruns: int
     dropped: int
     engine: EngineStatistics | None
 
@@ -74,7 +89,7 @@ class ShardStatistics:
         e = self.engine
         final = not self.alive and (self.exit or "").startswith("closed (exited with status 0")
         return {"shard": self.index, "kind": self.kind, "pid": self.pid, "admitted": self.admitted,
-                "ended": self.ended, "reruns": self.rerun, "dropped": self.dropped, "exit": self.exit,
+                "ended": self.ended, "reruns": self.reruns, "dropped": self.dropped, "exit": self.exit,
                 "statistics_final": final,
                 **{k: getattr(e, k) if e is not None else None
                    for k in ("accepted", "rejected", "failed", "generated_tokens")},
@@ -82,15 +97,47 @@ class ShardStatistics:
                 "backend_statistics": e.backend if e is not None else None}
 
 
-def merge_statistics(snapshots: list[Any]) -> Any:
-    """Sum the int/float fields of same-typed dataclass snapshots (peaks are summed
-    too: an upper bound); other fields come from the first."""
+def at_rest(snapshot: Any) -> Any:
+    """``snapshot`` (a statistics dataclass, or None) with its :data:`GAUGES` at 0: what
+    a shard that is no longer alive has in flight.  Its totals stay (they happened)."""
+    if not is_dataclass(snapshot) or isinstance(snapshot, type):
+        return snapshot
+    return replace(snapshot, **{f.name: 0 for f in fields(snapshot) if f.name in GAUGES})
+
+
+def merge_statistics(snapshots: list[Any], alive: list[bool] | None = None) -> Any:
+    """The shards' statistics snapshots (same-typed dataclasses) as one.
+
+    Totals (counters) are summed over every shard, dead ones included; gauges
+    (:data:`GAUGES`: in flight, running, queued now) over the shards still alive
+    only (a dead shard's last snapshot may say ``requests_running=49``: none runs);
+    a mean (``batch_occupancy``) is weighted by its count.  A peak (``peak_*``)
+    is the sum of the shards' peaks: an upper bound on the peak across shards (they
+    need not have peaked at the same time).  ``version`` and the non-numeric fields
+    come from the first live shard's snapshot (else the first).
+
+    Args:
+        snapshots: one per shard (at least one).
+        alive: per snapshot, whether its shard is alive (default: all are).
+
+    Returns:
+        A snapshot of the same type; ``snapshots[0]`` itself when they are not
+        dataclasses of one type.
+    """
     first = snapshots[0]
     if not is_dataclass(first) or isinstance(first, type) or any(type(s) is not type(first) for s in snapshots):
         return first
-    merged = {}
-    for f in fields(first):
-        values = [getattr(s, f.name) for s in snapshots]
-        if f.name != "version" and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    alive = [True] * len(snapshots) if alive is None else list(alive)
+    settled = [s if up else at_rest(s) for s, up in zip(snapshots, alive)]
+    base = next((s for s, up in zip(settled, alive) if up), settled[0])
+    merged: dict[str, Any] = {}
+    for f in fields(base):
+        values = [getattr(s, f.name) for s in settled]
+        if f.name == "version" or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            continue
+        if f.name in _MEANS:
+            weights = [getattr(s, _MEANS[f.name]) for s in settled]
+            merged[f.name] = sum(v * w for v, w in zip(values, weights)) / sum(weights) if sum(weights) else 0.0
+        else:
             merged[f.name] = sum(values)
-    return replace(first, **merged)
+    return replace(base, **merged)

@@ -69,3 +69,25 @@ def test_a_worker_that_never_starts_is_a_death(monkeypatch: pytest.MonkeyPatch) 
             assert pool.statistics().workers_killed == 1
 
     trio.run(main)
+
+
+def test_a_worker_being_started_is_starting_not_busy(slow_worker_start: None) -> None:
+    """Regression (new-user trial): the live view said "reward workers 2/2 busy" while
+    the workers were still starting (trio-parallel counts the start job as running)."""
+    import trio.testing
+
+    async def main() -> None:
+        async with open_reward_pool(max_workers=1, timeout_seconds=30.0, max_retries=0, batch_size=1) as pool:
+            async def one() -> None:
+                await pool.score(fx.return_value, *ARGS, value=0.5)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                await trio.testing.wait_all_tasks_blocked()  # the worker sleeps 3 s in its start
+                during = pool.statistics()
+            after = pool.statistics()
+        assert (during.workers_starting, during.workers_busy, during.busy) == (1, 0, 1)
+        assert (after.workers_starting, after.workers_busy, after.workers_idle) == (0, 0, 1)
+        assert pool.statistics().workers_starting == 0  # closed
+
+    trio.run(main)

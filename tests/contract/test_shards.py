@@ -83,7 +83,7 @@ async def test_a_killed_shard_s_episodes_run_again_and_end_once(autojump_clock):
         assert sorted(r.task_id for r in results) == ids
         assert {r.status for r in results} == {"accepted"}
         dead, alive = engine.shard_statistics()
-        assert (dead.alive, dead.rerun, alive.alive) == (False, len(lost), True)
+        assert (dead.alive, dead.reruns, alive.alive) == (False, len(lost), True)
         assert dead.exit == "was killed"
         # a result from the dead shard arriving after the re-run is dropped by task id
         late = next(r for r in results if r.task_id in lost)
@@ -207,7 +207,7 @@ async def test_a_sigkilled_shard_process_has_its_episodes_rerun_and_counted_once
         assert (dead.alive, alive.alive) == (False, True)
         assert dead.exit.startswith("killed by SIGKILL")
         assert dead.summary()["statistics_final"] is False  # its figures are a last snapshot
-        assert dead.rerun > 0 and dead.ended + alive.ended == 300
+        assert dead.reruns > 0 and dead.ended + alive.ended == 300
         s = engine.statistics()
         assert (s.submitted, s.accepted, s.failed) == (300, 300, 0)
         invariant(s)
@@ -356,7 +356,7 @@ def test_rollout_run_reports_a_shard_that_did_not_start_in_one_line(tmp_path, ca
                             "--out", str(tmp_path / "o")], capsys)
     assert code == 2, err
     assert "Traceback" not in err
-    assert re.search(r"^rollout: error: engine shard \d \(pid \d+\) killed by SIGKILL before it was ready", err, re.M)
+    assert re.search(r"^rollout run: error: engine shard \d \(pid \d+\) killed by SIGKILL before it was ready", err, re.M)
 
 
 async def test_shards_failing_to_start_together_are_one_error_naming_each(monkeypatch):

@@ -39,7 +39,7 @@ async def test_ray_actor_shards_run_each_episode_once_and_survive_a_killed_actor
         assert {r.status for r in results} == {"accepted"}
         dead, alive = engine.shard_statistics()
         assert (dead.kind, dead.alive, alive.alive) == ("ray", False, True)
-        assert "Ray actor died" in dead.exit and dead.rerun > 0
+        assert "Ray actor died" in dead.exit and dead.reruns > 0
         pids = {int(r.trajectory["shard_pid"][0]) for r in results}
         assert pids <= {dead.pid, alive.pid} and alive.pid in pids
         s = engine.statistics()

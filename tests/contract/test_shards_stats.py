@@ -21,6 +21,7 @@ import trio
 from engine import EngineConfig
 from engine.serve import serve_http
 from engine.shards import open_sharded_engine
+from engine.shards._statistics import GAUGES
 from fake_servers import FakeSGLang, FakeVLLM
 from shard_fixtures import Echo, invariant, sim
 
@@ -68,9 +69,12 @@ def test_rollout_run_shards_summary_has_exact_reward_statistics_and_a_record_per
     assert sum(s["ended"] for s in shards) == summary["submitted"] == 40
     assert {s["exit"] for s in shards} == {"closed (exited with status 0)"}
     assert all(s["statistics_final"] for s in shards)
-    assert [s["reward_statistics"] for s in shards] == pools and all(s["reruns"] == 0 for s in shards)
+    # each shard's record is its last snapshot as sent; the engine's (closed: no shard alive) has the gauges at 0
+    assert [{**s["reward_statistics"], **{g: 0 for g in GAUGES if g in s["reward_statistics"]}} for s in shards] \
+        == pools and all(s["reruns"] == 0 for s in shards)
     last = [line for line in err.splitlines() if line.startswith("rollout progress:")][-1]
     assert "reward workers 0/2 busy" in last, last  # the shards' pools, summed
+    assert " ahead " not in last, last  # no --consumer-batch-size: the version never moves
 
 
 # -- weight updates on shared servers ------------------------------------------------------------------
@@ -149,7 +153,7 @@ async def test_a_sigstopped_shard_is_killed_after_shard_timeout_s_and_its_episod
         dead, alive = engine.shard_statistics()
         assert (dead.alive, alive.alive) == (False, True)
         assert dead.exit.startswith("killed by SIGKILL") and "sent nothing for 3 s" in dead.exit, dead.exit
-        assert dead.rerun == dead.admitted - dead.ended > 0 and dead.ended + alive.ended == 100
+        assert dead.reruns == dead.admitted - dead.ended > 0 and dead.ended + alive.ended == 100
         invariant(engine.statistics())
 
 

@@ -63,7 +63,7 @@ def test_bad_bench_options_fail_with_one_line_naming_the_option(argv, message, t
         argv = [*argv, "--model", str(tmp_path / "nonexistent-model")]
     assert main(["bench", *argv, "--out", str(tmp_path / "b.json")]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("rollout: error:") == 1
+    assert message in err and err.count("rollout bench: error:") == 1
 
 
 def test_real_config_is_validated():

@@ -153,6 +153,57 @@ def test_metric_families_and_the_plain_line_carry_the_same_numbers():
         in line and "reward workers 2/4 busy, 1 timeouts, 1 killed" in line
 
 
+def _snapshot(**kw):
+    from engine.monitor import RunSnapshot
+
+    base = dict(elapsed_s=3.0, total=10, submitted=10, queued=2, running=3, accepted=4, rejected=1, failed=0,
+                rejected_by_reason={}, failed_by_reason={}, results_waiting=1, generated_tokens=500, tokens_per_s=120.0,
+                version=0, capacity=1, consumer_batch_size=1, eta=None, ahead_versions=7.0, reward_max_workers=2)
+    return RunSnapshot(**{**base, **kw})
+
+
+def _families(snap) -> set[str]:
+    return {fam.name for fam in snapshot_metrics(snap)}
+
+
+def test_without_a_consumer_generation_ahead_is_left_out():
+    """Regression (new-user trial): ``rollout run`` without --consumer-batch-size printed
+    "ahead 300.0" (accepted + running, the version never moving): a meaningless number."""
+    alone = _snapshot(consumer=False)
+    assert " ahead " not in plain_line(alone) and "v0 cap 1 | reward workers" in plain_line(alone)
+    assert "generation ahead" not in _text(render(alone)) and "no consumer batches" in _text(render(alone))
+    assert "rollout_generation_ahead_versions" not in _families(alone)
+    consumed = _snapshot(consumer=True, consumer_batch_size=2, ahead_versions=1.5)
+    assert "v0 cap 1 ahead 1.5 |" in plain_line(consumed) and "generation ahead" in _text(render(consumed))
+    assert "rollout_generation_ahead_versions" in _families(consumed)
+
+
+def test_reward_workers_still_starting_are_said_to_be_starting_not_busy():
+    """Regression (new-user trial): "reward workers 2/2 busy" while they were still starting."""
+    starting = _snapshot(reward_workers_starting=2)
+    assert "reward workers 2/2 starting, 0 timeouts" in plain_line(starting)
+    assert "2/2 starting" in _text(render(starting))
+    some = _snapshot(reward_workers_busy=1, reward_workers_starting=1)
+    assert "reward workers 1/2 busy, 1 starting, 0 timeouts" in plain_line(some)
+    assert "reward workers 1/2 busy, 0 timeouts" in plain_line(_snapshot(reward_workers_busy=1))
+    assert "rollout_reward_workers_starting" in _families(starting)
+
+
+async def test_a_monitor_without_a_consumer_writes_lines_without_ahead(autojump_clock, reward_pool):
+    tok, backend = _sim()
+    stream = io.StringIO()
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        async with observe_run(engine, total=2, out=None, view="plain", interval_s=0.05, stream=stream,
+                               consumer=False) as monitor:
+            workflow = monitor.track(_workflow(tok))
+            for item in ITEMS[:2]:
+                engine.submit(item, workflow)
+            monitor.on_results(await engine.wait_results(2))
+    lines = stream.getvalue().splitlines()
+    assert lines and not any(" ahead " in line for line in lines), lines
+    assert monitor.snapshot().consumer is False
+
+
 # -- rollout run, end to end -----------------------------------------------------------------------
 
 SCRAPE_REWARD = '''
@@ -203,6 +254,7 @@ def test_rollout_run_serves_prometheus_metrics_during_the_run_and_logs_progress(
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     progress = [line for line in err.splitlines() if line.startswith("rollout progress: ")]
     assert progress and "ended 6/6 (ok 6, rej 0, fail 0)" in progress[-1], err
+    assert not any(" ahead " in line for line in progress)  # no --consumer-batch-size: nothing to be ahead of
     assert f"rollout: metrics at http://127.0.0.1:{port}/metrics" in err  # said even for --metrics-port 0
 
 

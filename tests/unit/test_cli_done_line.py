@@ -3,7 +3,9 @@
 Regression: after ``kill -9`` and ``--resume``, the line read "32/48 episodes
 accepted" for a run whose 32 items all ended accepted: the 16 episodes the killed
 segment had not committed (``lost``, run again) looked like 16 failures; the same
-for the episodes a SIGINT cancelled (``cancelled``).
+for the episodes a SIGINT cancelled (``cancelled``).  Regression (new-user trial):
+the note said "interrupted and run again", but ``cancelled`` also counts episodes
+that were still queued (never started): it now says what is true of all of them.
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ BASE = {"accepted": 32, "submitted": 48, "trajectories": 64, "reward_mean": 0.5,
 
 def test_lost_episodes_are_named() -> None:
     line = _done_line({**BASE, "lost": 16, "cancelled": 0})
-    assert line.startswith("32/48 episodes accepted (16 interrupted and run again), 64 trajectories")
+    assert line.startswith("32/48 episodes accepted (16 submitted again after an interruption), 64 trajectories")
 
 
 def test_cancelled_episodes_of_an_interrupted_segment_are_named() -> None:  # SIGINT, then --resume
     line = _done_line({**BASE, "submitted": 57, "lost": 0, "cancelled": 25})
-    assert line.startswith("32/57 episodes accepted (25 interrupted and run again), 64 trajectories")
+    assert line.startswith("32/57 episodes accepted (25 submitted again after an interruption), 64 trajectories")
 
 
 def test_no_lost_no_note() -> None:
     line = _done_line({**BASE, "submitted": 32, "lost": 0, "cancelled": 0})
     assert line == ("32/32 episodes accepted, 64 trajectories, reward mean 0.500, 1090 tokens in 2.7 s "
                     "(408.0 tok/s)")
+
+
+def test_the_note_does_not_say_interrupted_of_episodes_that_never_started() -> None:
+    line = _done_line({**BASE, "submitted": 40, "lost": 0, "cancelled": 8})  # queued when SIGINT came
+    assert "interrupted and run again" not in line and "(8 submitted again after an interruption)" in line

@@ -29,13 +29,20 @@ yet and which AReaL would have lost.  Pending episodes are re-submitted (their
 generation starts over: partial tokens are not kept) with their task ids.
 Results and pending episodes are counted once: lifetime ``submitted`` becomes the
 ended count, plus one per re-submitted episode.
+
+A sharded engine (:class:`engine.shards.ShardedRolloutEngine`) saves and loads this
+same state through these functions (its coordinator holds the queue, the running
+episodes, the buffer and the accounting; the token and reward counters are read from
+``statistics()``, which sums them over the shards), so a state saved by either kind of
+engine loads into the other.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FORMAT", "data_position_state", "engine_state", "load_data_position", "load_engine_state"]
+__all__ = ["FORMAT", "check_loadable", "data_position_state", "engine_state", "load_data_position",
+           "load_engine_state"]
 
 FORMAT = 1
 
@@ -77,7 +84,7 @@ def load_data_position(engine: Any, position: Any) -> None:
 
 def engine_state(engine: Any) -> dict[str, Any]:
     """See :meth:`engine.RolloutEngine.state_dict`."""
-    counts = engine._counts
+    counts, stats = engine._counts, engine.statistics()  # (a sharded engine's counters: sums over its shards)
     pending = sorted([*engine._queue, *engine._running.values()], key=lambda t: t.task_id)
     return {
         "format": FORMAT,
@@ -87,8 +94,8 @@ def engine_state(engine: Any) -> dict[str, Any]:
             "accepted": counts["accepted"], "rejected": counts["rejected"], "failed": counts["failed"],
             "rejected_by_reason": {str(k): v for k, v in engine._rejected_by.items() if v},
             "failed_by_reason": {str(k): v for k, v in engine._failed_by.items() if v},
-            "generated_tokens": engine._generated_tokens, "segments_resumed": engine._segments_resumed,
-            "reward_fallbacks": engine._reward_fallbacks,
+            "generated_tokens": stats.generated_tokens, "segments_resumed": stats.segments_resumed,
+            "reward_fallbacks": stats.reward_fallbacks,
         },
         # plain strings, not the status/reason enums: a checkpoint loads with torch.load(weights_only=True)
         "results": [{"task_id": r.task_id, "status": str(r.status), "trajectory": _plain_trajectory(r.trajectory),
@@ -101,12 +108,13 @@ def engine_state(engine: Any) -> dict[str, Any]:
     }
 
 
-def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflow_kwargs: dict[str, Any] | None,
-                      should_accept_fn: Any) -> list[int]:
-    """See :meth:`engine.RolloutEngine.load_state_dict`."""
-    from .buffer import ResultBuffer
-    from ._records import EpisodeResult
+def check_loadable(engine: Any, state: Any, workflow: Any) -> None:
+    """The checks :func:`load_engine_state` makes before it changes anything.
 
+    Raises:
+        ValueError: ``state`` is not format :data:`FORMAT`, ``engine`` has submitted
+            episodes, or ``state`` holds pending episodes and ``workflow`` is None.
+    """
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"load_state_dict: unknown state format {found!r} (expected {FORMAT})")
@@ -117,6 +125,16 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
     if pending and workflow is None:
         raise ValueError(f"load_state_dict: the state holds {len(pending)} queued or running episodes; pass the "
                          "workflow to re-submit them")
+
+
+def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflow_kwargs: dict[str, Any] | None,
+                      should_accept_fn: Any) -> list[int]:
+    """See :meth:`engine.RolloutEngine.load_state_dict`."""
+    from .buffer import ResultBuffer
+    from ._records import EpisodeResult
+
+    check_loadable(engine, state, workflow)
+    pending = state["pending"]
     results = [EpisodeResult(r["task_id"], r["status"], trajectory=_trajectory(r["trajectory"]), reason=r["reason"],
                              error_type=r["error_type"], error_message=r["error_message"],
                              member_errors=tuple(tuple(m) for m in r["member_errors"]), data=r["data"],

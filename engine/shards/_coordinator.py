@@ -118,8 +118,11 @@ class ShardedRolloutEngine(RolloutEngine):
     * workflows, ``should_accept_fn`` and dataset items must be picklable (they are
       sent to the shards): ``submit`` raises ``WorkflowError`` / ``ValueError``
       naming the object otherwise.
-    * ``agenerate`` is the shards' (a workflow gets its shard's engine);
-      ``state_dict`` / ``load_state_dict`` are not supported yet.
+    * ``agenerate`` is the shards' (a workflow gets its shard's engine).
+    * ``state_dict`` / ``load_state_dict``: the single engine's format
+      (:mod:`engine._checkpoint`), so a state saved by either kind loads into the
+      other; episodes dispatched to shards are saved as running (they start over on
+      load, as in one engine).
     * Admission also waits while the result buffer is full (finished episodes are
       held by the coordinator, not by the shard that ran them), so at most
       ``buffer_capacity + C`` trajectories are held.
@@ -148,11 +151,30 @@ class ShardedRolloutEngine(RolloutEngine):
     async def agenerate(self, req: Any) -> Any:
         raise RuntimeError("a sharded engine generates in its shards: workflows get their shard's engine")
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError("state_dict is not supported by a sharded engine yet")
+    # -- checkpoints (the single engine's format and code: engine._checkpoint) ---------------------
+    def load_state_dict(self, state: dict[str, Any], workflow: Any = None,
+                        workflow_kwargs: dict[str, Any] | None = None, should_accept_fn: Any = None) -> list[int]:
+        """As :meth:`RolloutEngine.load_state_dict` (a state saved by a sharded or a
+        single engine); the re-submitted episodes are dispatched to the shards.
 
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> list[int]:
-        raise NotImplementedError("load_state_dict is not supported by a sharded engine yet")
+        Raises:
+            ValueError: as :meth:`RolloutEngine.load_state_dict`; also a pending
+                episode's data cannot be pickled.
+            WorkflowError: ``workflow`` or ``should_accept_fn`` cannot be pickled.
+            Either before anything is loaded.
+        """
+        from .._checkpoint import check_loadable
+
+        check_loadable(self, state, workflow)
+        if state["pending"]:  # what submit would refuse, before the state is half-loaded
+            self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
+            for p in state["pending"]:
+                try:
+                    pickle.dumps(p["data"], protocol=5)
+                except Exception as exc:
+                    raise ValueError(f"load_state_dict: the data of pending task {p['task_id']} cannot be pickled, "
+                                     f"and a sharded engine sends each item to a shard process: {exc}") from exc
+        return super().load_state_dict(state, workflow, workflow_kwargs, should_accept_fn)
 
     # -- submission and dispatch ------------------------------------------------------------------
     def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
@@ -345,12 +367,15 @@ class ShardedRolloutEngine(RolloutEngine):
         """A frozen snapshot; sync and cheap.  Counts and capacity are the coordinator's
         (exact, global); ``generated_tokens``, ``segments_resumed``,
         ``reward_fallbacks``, ``retokenization_drifts`` are sums over the shards as of
-        their latest results; ``backend`` sums the shards' latest backend snapshots;
-        ``rewards`` is a tuple of the shards' reward pool statistics.  A shard no
-        longer alive counts with its last snapshot's totals and its gauges at 0
-        (nothing runs there: :data:`~engine.shards._statistics.GAUGES`)."""
+        their latest results (plus what ``load_state_dict`` restored); ``backend``
+        sums the shards' latest backend snapshots; ``rewards`` is a tuple of the
+        shards' reward pool statistics.  A shard no longer alive counts with its
+        last snapshot's totals and its gauges at 0 (nothing runs there:
+        :data:`~engine.shards._statistics.GAUGES`)."""
         base = super().statistics()
-        totals = [sum(s.counters[i] for s in self._shards) for i in range(4)]
+        restored = (self._generated_tokens, self._segments_resumed, self._reward_fallbacks,
+                    self._retokenization_drifts)  # (0, or what load_state_dict restored)
+        totals = [restored[i] + sum(s.counters[i] for s in self._shards) for i in range(4)]
         return replace(base, generated_tokens=totals[0], segments_resumed=totals[1], reward_fallbacks=totals[2],
                        retokenization_drifts=totals[3],
                        rewards=tuple(None if s.stats is None else s.stats.rewards if s.alive

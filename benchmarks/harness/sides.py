@@ -154,6 +154,6 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best = dict(ordered[len(ordered) // 2])
     for key in HEADLINE:
         values = [r[key] for r in runs if r.get(key) is not None]
-        best[key] = statistics.median(values) if values else None
+        best[key] = round(statistics.median(values), 4) if values else None
     best["runs"] = [{k: r.get(k) for k in HEADLINE} for r in runs]
     return best

@@ -199,7 +199,8 @@ def build_parser() -> _Parser:
                      help="Ray cluster for --reward-backend ray and --shard-backend ray (default: start a local Ray)")
     run.add_argument("--shards", type=_positive_int, default=None, metavar="N",
                      help="run N engine shards (processes, each with its own event loop, backend client and "
-                          "reward pool) behind one coordinator (engine.shards; --backend sim|sglang|vllm)")
+                          "reward pool) behind one coordinator (engine.shards; with --backend hf each shard "
+                          "loads its own copy of the model)")
     run.add_argument("--shard-backend", choices=("process", "ray"), default="process",
                      help="--shards as local processes (default) or Ray actors (on --ray-address)")
     run.add_argument("--shard-timeout", type=_shard_timeout, default=None, metavar="SECONDS",
@@ -375,6 +376,10 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 
         path = resolve_model(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
+        if args.shards:  # each shard process loads its own copy (an HFBackend cannot be pickled)
+            from .backends.hf import HFBackendFactory
+
+            return tokenizer, HFBackendFactory(path, max_batch_size=args.concurrency)
         return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
     if args.model is None:
         from .testing import build_tiny_tokenizer
@@ -443,8 +448,6 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
             raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
     if args.shard_timeout is not None and not args.shards:
         raise ValueError("--shard-timeout applies to --shards N (a shard that falls silent is killed)")
-    if args.shards and args.backend == "hf":
-        raise ValueError("--shards: --backend hf loads the model in this process; use --backend sim|sglang|vllm")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     loaded = await trio.to_thread.run_sync(_load_items, args)  # a bad dataset fails before any work

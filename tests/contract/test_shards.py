@@ -7,6 +7,7 @@ in virtual time; the process tests spawn real shard processes (marked slow)."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -245,12 +246,35 @@ def test_rollout_run_shards_2_writes_every_item_once(tmp_path, capsys):
     assert summary["final_version"] >= summary["accepted"] // 4
 
 
-def test_rollout_run_shards_refuses_the_hf_backend(tmp_path, capsys):
+def test_rollout_run_shards_with_the_hf_backend_loads_a_model_per_shard(tmp_path, capsys):
+    """Was refused ("--shards: --backend hf loads the model in this process"): each
+    shard process now builds its own HFBackend from an HFBackendFactory."""
     from conftest import run_cli
 
-    code, _, err = run_cli(["run", "--backend", "hf", "--shards", "2", "--quiet", "--out", str(tmp_path / "o")],
-                           capsys)
-    assert code == 2 and "--shards: --backend hf" in err
+    out = tmp_path / "o"
+    code, _, err = run_cli(["run", "--backend", "hf", "--model", "builtin:tiny", "--shards", "2", "--dataset",
+                            "builtin:arith:6", "--max-new-tokens", "4", "--concurrency", "4", "--quiet", "--out",
+                            str(out)], capsys)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["submitted"] == 6 and summary["accepted"] + summary["rejected"] + summary["failed"] == 6
+    assert summary["failed"] == 0
+    assert [s["kind"] for s in summary["shards"]] == ["process", "process"]
+    assert sum(s["ended"] for s in summary["shards"]) == 6
+    assert summary["backend_statistics"]["kind"] == "hf"  # the shards' own backends ran the episodes
+
+
+def test_hf_backend_factory_pickles_and_builds_an_unopened_backend():
+    import pickle
+
+    from engine.backends.hf import HFBackend, HFBackendFactory
+
+    factory = pickle.loads(pickle.dumps(HFBackendFactory("some/model", max_batch_size=3, mode="static")))
+    backend = factory()
+    assert isinstance(backend, HFBackend) and backend.max_batch_size == 3 and backend.mode == "static"
+    assert factory.logprob_semantics == HFBackend.logprob_semantics
+    with pytest.raises(TypeError, match="model must be a folder or hub id"):
+        HFBackendFactory(object())  # type: ignore[arg-type]
 
 
 async def test_update_weights_reaches_every_shard_and_a_failure_names_the_shard(autojump_clock):

@@ -70,6 +70,6 @@ already hold the expanded image tokens (what the processor's text side produces,
 batches.
 """
 
-from ._backend import HFBackend, HFStatistics
+from ._backend import HFBackend, HFBackendFactory, HFStatistics
 
-__all__ = ["HFBackend", "HFStatistics"]
+__all__ = ["HFBackend", "HFBackendFactory", "HFStatistics"]

@@ -250,3 +250,38 @@ class HFBackend(InferenceBackend):
             batches=c.batches, batch_occupancy=c.batch_occupancy, aborts=c.aborts,
             weight_updates=self._weight_updates, paused=self.paused,
         )
+
+
+class HFBackendFactory:
+    """A picklable recipe for an :class:`HFBackend`: calling it builds one (unopened).
+
+    For :func:`engine.shards.open_sharded_engine`, which sends its backend to each
+    shard process (an ``HFBackend`` holds threads' state and cannot be pickled): every
+    shard calls the factory and loads its own copy of the model when its backend
+    opens (N shards: N copies, on ``device``).  ``rollout run --backend hf --shards N``
+    uses it.
+
+    Args:
+        model: a local HF folder or hub id (a path: a loaded model cannot travel).
+        **kwargs: :class:`HFBackend`'s keyword arguments (``device``, ``dtype``,
+            ``mode``, ``max_batch_size``, ``batch_window_s``, ``cache_tokens``);
+            checked when called, where :class:`HFBackend` raises
+            ``InvalidRequestError`` naming a bad one.
+
+    Raises:
+        TypeError: ``model`` is not a string.
+    """
+
+    logprob_semantics = HFBackend.logprob_semantics
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        if not isinstance(model, str):
+            raise TypeError(f"HFBackendFactory: model must be a folder or hub id (str), got {type(model).__name__}")
+        self.model = model
+        self.kwargs = kwargs
+
+    def __call__(self) -> HFBackend:
+        return HFBackend(self.model, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"HFBackendFactory({self.model!r}, {', '.join(f'{k}={v!r}' for k, v in self.kwargs.items())})"

@@ -264,6 +264,26 @@ def test_rollout_run_shards_with_the_hf_backend_loads_a_model_per_shard(tmp_path
     assert summary["backend_statistics"]["kind"] == "hf"  # the shards' own backends ran the episodes
 
 
+@pytest.mark.parametrize("shard_gc_tuning", [True, False])
+async def test_shard_processes_tune_their_gc_unless_told_not_to_and_this_process_is_untouched(shard_gc_tuning):
+    import gc
+
+    from shard_fixtures import GCProbe, sim
+
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    async with open_sharded_engine(sim(), EngineConfig(), shards=2, shard_gc_tuning=shard_gc_tuning) as engine:
+        for i in range(4):
+            engine.submit({"i": i}, GCProbe())
+        results = await engine.wait_results(4)
+        assert (gc.get_threshold(), gc.get_freeze_count()) == before  # the caller's process: gc_tuning=False
+    thresholds = {int(r.trajectory["gc_threshold"][0]) for r in results}
+    frozen = {int(r.trajectory["gc_frozen"][0]) > 0 for r in results}
+    if shard_gc_tuning:  # (engine._gc: young threshold 10000, the objects alive at open frozen)
+        assert thresholds == {10_000} and frozen == {True}
+    else:
+        assert thresholds == {before[0][0]} and frozen == {False}
+
+
 def test_hf_backend_factory_pickles_and_builds_an_unopened_backend():
     import pickle
 

@@ -16,11 +16,13 @@ __all__ = ["GAUGES", "AdmissionRecord", "ShardStatistics", "at_rest", "merge_sta
 #: running, queued, idle), not totals: :class:`~engine.backends.base.BackendStatistics`
 #: ``requests_running``; the sim's ``sequences_running`` / ``_queued`` / ``_decoding``;
 #: the hf backend's ``requests_waiting``; :class:`~rewards.RewardPoolStatistics`
-#: ``busy``, ``workers_busy``, ``workers_idle``, ``workers_starting``.  Every other
+#: ``busy``, ``workers_busy``, ``workers_idle``, ``workers_starting``; a remote
+#: server's ``in_flight`` and ``outstanding_tokens`` (``RemoteStatistics.servers``).  Every other
 #: int/float field is a total (a counter), a peak or a mean.  A shard that is no
 #: longer alive has none of these: its gauges count as 0 (:func:`at_rest`).
 GAUGES = frozenset({"requests_running", "sequences_running", "sequences_queued", "sequences_decoding",
-                    "requests_waiting", "busy", "workers_busy", "workers_idle", "workers_starting"})
+                    "requests_waiting", "busy", "workers_busy", "workers_idle", "workers_starting",
+                    "in_flight", "outstanding_tokens"})
 
 #: Mean fields, merged weighted by the count they are a mean over (the hf backend's
 #: ``batch_occupancy``: requests per ``generate`` call, over ``batches``).
@@ -102,7 +104,40 @@ def at_rest(snapshot: Any) -> Any:
     a shard that is no longer alive has in flight.  Its totals stay (they happened)."""
     if not is_dataclass(snapshot) or isinstance(snapshot, type):
         return snapshot
-    return replace(snapshot, **{f.name: 0 for f in fields(snapshot) if f.name in GAUGES})
+    changes: dict[str, Any] = {f.name: 0 for f in fields(snapshot) if f.name in GAUGES}
+    servers = getattr(snapshot, "servers", None)  # (RemoteStatistics: one record per server)
+    if isinstance(servers, tuple):
+        changes["servers"] = tuple(at_rest(server) for server in servers)
+    return replace(snapshot, **changes)
+
+
+def _merge_servers(per_shard: list[tuple[Any, ...]], alive: list[bool]) -> tuple[Any, ...]:
+    """The remote backends' per-server records (``ServerStatistics``, one per URL in
+    each shard's client) merged by URL, in the first shard's order: counts summed
+    (``requests``, ``failures``, ``ejections``; ``in_flight`` and
+    ``outstanding_tokens`` over live shards only: the records are already at rest
+    for dead ones), ``healthy`` when every live shard's client finds it healthy,
+    ``access_denied`` when any does, ``weight_version`` and ``last_error`` from the
+    first live shard that has one."""
+    order: list[str] = []
+    by_url: dict[str, list[tuple[Any, bool]]] = {}
+    for records, up in zip(per_shard, alive):
+        for record in records:
+            if record.url not in by_url:
+                order.append(record.url)
+                by_url[record.url] = []
+            by_url[record.url].append((record, up))
+    merged = []
+    for url in order:
+        views = by_url[url]
+        live = [r for r, up in views if up] or [r for r, _ in views]
+        merged.append(replace(
+            live[0], healthy=all(r.healthy for r in live), access_denied=any(r.access_denied for r, _ in views),
+            weight_version=next((r.weight_version for r in live if r.weight_version is not None), None),
+            last_error=next((r.last_error for r in live if r.last_error is not None), None),
+            **{name: sum(getattr(r, name) for r, _ in views)
+               for name in ("requests", "failures", "ejections", "in_flight", "outstanding_tokens")}))
+    return tuple(merged)
 
 
 def merge_statistics(snapshots: list[Any], alive: list[bool] | None = None) -> Any:
@@ -113,8 +148,9 @@ def merge_statistics(snapshots: list[Any], alive: list[bool] | None = None) -> A
     only (a dead shard's last snapshot may say ``requests_running=49``: none runs);
     a mean (``batch_occupancy``) is weighted by its count.  A peak (``peak_*``)
     is the sum of the shards' peaks: an upper bound on the peak across shards (they
-    need not have peaked at the same time).  ``version`` and the non-numeric fields
-    come from the first live shard's snapshot (else the first).
+    need not have peaked at the same time).  A remote backend's ``servers`` are
+    merged by URL (:func:`_merge_servers`).  ``version`` and the other non-numeric
+    fields come from the first live shard's snapshot (else the first).
 
     Args:
         snapshots: one per shard (at least one).
@@ -133,6 +169,9 @@ def merge_statistics(snapshots: list[Any], alive: list[bool] | None = None) -> A
     merged: dict[str, Any] = {}
     for f in fields(base):
         values = [getattr(s, f.name) for s in settled]
+        if f.name == "servers" and all(isinstance(v, tuple) for v in values):
+            merged[f.name] = _merge_servers(values, alive)
+            continue
         if f.name == "version" or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             continue
         if f.name in _MEANS:

@@ -90,3 +90,34 @@ async def test_a_killed_shard_s_last_gauges_leave_the_engine_statistics(autojump
         assert record.engine.backend.requests_running == last.backend.requests_running > 0
         assert record.summary()["statistics_final"] is False
         invariant(engine.statistics())
+
+
+def test_remote_servers_are_merged_by_url_across_shards():
+    """Each shard's remote client keeps its own per-server records: the merged
+    statistics had only the first shard's (new-user trial, issue 16)."""
+    from engine.backends.remote._routing import ServerStatistics
+    from engine.backends.remote._stats import RemoteStatistics
+
+    def server(url, **kw):
+        base = dict(healthy=True, outstanding_tokens=0, in_flight=0, requests=0, failures=0, ejections=0,
+                    weight_version=None, last_error=None)
+        return ServerStatistics(url=url, **{**base, **kw})
+
+    def remote(*servers, **kw):
+        return RemoteStatistics(kind="vllm", version=2, logprob_semantics="processed", servers=servers, **kw)
+
+    a = remote(server("http://a", requests=10, in_flight=3, outstanding_tokens=300, weight_version="2"),
+               server("http://b", requests=5, failures=1, healthy=False, last_error="timeout"), attempts=15)
+    b = remote(server("http://a", requests=7, in_flight=2, outstanding_tokens=100),
+               server("http://b", requests=4, in_flight=1), attempts=11)
+    dead = remote(server("http://b", requests=9, in_flight=4, ejections=1, access_denied=True),
+                  server("http://a", requests=1, in_flight=5), attempts=10)
+    merged = merge_statistics([a, b, dead], alive=[True, True, False])
+    assert merged.attempts == 36
+    first, second = merged.servers
+    assert (first.url, first.requests, first.in_flight, first.outstanding_tokens) == ("http://a", 18, 5, 400)
+    assert first.healthy and first.weight_version == "2" and not first.access_denied
+    assert (second.url, second.requests, second.failures, second.ejections, second.in_flight) == (
+        "http://b", 18, 1, 1, 1)  # the dead shard's totals count, its in-flight does not
+    assert not second.healthy and second.last_error == "timeout" and second.access_denied
+    assert at_rest(dead).servers[0].in_flight == 0 and at_rest(dead).servers[0].requests == 9

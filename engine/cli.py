@@ -127,6 +127,7 @@ def _non_negative_float(text: str) -> float:
 #: How often a shard sends its statistics (open_sharded_engine's stats_interval_s): a
 #: live shard is never silent longer, so --shard-timeout must exceed it.
 _SHARD_STATS_INTERVAL_S = 0.5
+_STRAGGLERS = 5  # longest-running episodes each shard reports for the live view (RunMonitor top)
 _RUN_ERROR = "rollout run: error:"  # argparse's prefix for `rollout run`: every error line of the run has it
 
 
@@ -509,6 +510,7 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                                 if args.metrics_port is not None:  # (port 0: the one the OS chose)
                                     print(f"rollout: metrics at {monitor.metrics_url}", file=sys.stderr, flush=True)
                                 # episode starts and tokens, for the view (in-process only: shards run elsewhere)
+                                # (shards time their own episodes: open_sharded_engine(track_episodes=))
                                 tracked = workflow if args.shards else monitor.track(workflow)
                                 for i in todo:
                                     engine.submit(items[i], tracked, group_size=args.group_size, task_id=i)
@@ -541,7 +543,7 @@ def _open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer:
     return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
                                ray_address=args.ray_address if args.shard_backend == "ray" else None,
                                tokenizer=tokenizer, stats_interval_s=_SHARD_STATS_INTERVAL_S,
-                               shard_timeout_s=args.shard_timeout)
+                               shard_timeout_s=args.shard_timeout, track_episodes=_STRAGGLERS)
 
 
 async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:

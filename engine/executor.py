@@ -516,6 +516,13 @@ class RolloutEngine:
         raise EpisodeFailuresError(
             f"{where}: stopped submitting: {trip.describe()}; fix the cause and call {where} again", trip)
 
+    def longest_running(self, top: int) -> tuple[Any, ...] | None:
+        """The ``top`` longest-running episodes as ``engine.monitor.EpisodeTiming``,
+        when this engine times them itself; None here: in one process
+        :meth:`engine.monitor.RunMonitor.track` does (a sharded engine returns its
+        shards' figures)."""
+        return None
+
     def statistics(self) -> EngineStatistics:
         """A frozen snapshot; sync and cheap."""
         c = self._counts

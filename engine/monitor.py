@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["EpisodeTiming", "RunMonitor", "RunSnapshot"]
+__all__ = ["EpisodeTiming", "EpisodeTracker", "RunMonitor", "RunSnapshot"]
 
 _RATE_WINDOW_S = 10.0  # tokens/s is measured over this many recent seconds
 
@@ -138,11 +138,11 @@ class _EngineView:
 
 
 class _TrackedWorkflow:
-    """``arun_episode`` of the wrapped workflow, seen by the monitor."""
+    """``arun_episode`` of the wrapped workflow, seen by a tracker."""
 
-    def __init__(self, inner: Any, monitor: RunMonitor) -> None:
+    def __init__(self, inner: Any, tracker: EpisodeTracker) -> None:
         self._inner = inner
-        self._monitor = monitor
+        self._tracker = tracker
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -153,39 +153,29 @@ class _TrackedWorkflow:
         task_id = episode_id.get()
         if task_id is None:  # not inside an engine episode: nothing to attribute
             return await self._inner.arun_episode(engine, data)
-        live = self._monitor._episode_started(task_id)
+        live = self._tracker._episode_started(task_id)
         try:
             return await self._inner.arun_episode(_EngineView(engine, live), data)
         finally:
-            self._monitor._member_ended(task_id)
+            self._tracker._member_ended(task_id)
 
 
-class RunMonitor:
-    """Snapshots of one run (see the module docstring).
+class EpisodeTracker:
+    """The episodes running now, seen through wrapped workflows (:meth:`track`): when
+    each started, its generated tokens and requests so far.  :class:`RunMonitor`
+    has one; each engine shard has one when the live view asks for stragglers
+    (``open_sharded_engine(track_episodes=True)``) and sends its longest-running
+    episodes with its statistics.
 
     Args:
-        engine: the open :class:`~engine.executor.RolloutEngine`.
-        total: episodes the run will submit (for "ended N of total").
-        top: how many stragglers / slowest ended episodes a snapshot lists.
-        consumer: a consumer takes batches and bumps the version (``RunSnapshot.consumer``).
+        on_ended: called with the :class:`EpisodeTiming` of each episode whose
+            last member ended (optional).
     """
 
-    def __init__(self, engine: Any, *, total: int, top: int = 5, consumer: bool = True) -> None:
-        self.engine = engine
-        self.total = total
-        self.top = top
-        self.consumer = consumer
-        self.metrics_url: str | None = None  # set by engine.metrics.observe_run when it serves metrics
-        self.start = trio.current_time()
+    def __init__(self, on_ended: Any = None) -> None:
         self._live: dict[int, _Live] = {}
-        self._ended_timing: dict[int, EpisodeTiming] = {}
-        self._slowest: list[EpisodeTiming] = []
-        self._staleness: list[int] = []
-        self._episodes: list[dict[str, Any]] = []  # records not yet written to episodes.jsonl
-        self._rate: collections.deque[tuple[float, int]] = collections.deque()
-        self.last: RunSnapshot | None = None
+        self._on_ended = on_ended
 
-    # -- hooks ---------------------------------------------------------------------------------
     def track(self, workflow: Any) -> Any:
         """``workflow`` (a spec :func:`workflows.resolve_workflow` accepts) wrapped so
         that its episodes are timed and their tokens counted."""
@@ -205,8 +195,46 @@ class RunMonitor:
         live.members -= 1
         if live.members == 0:
             del self._live[task_id]
-            self._ended_timing[task_id] = EpisodeTiming(task_id, trio.current_time() - live.start, live.tokens,
-                                                        live.requests)
+            if self._on_ended is not None:
+                self._on_ended(EpisodeTiming(task_id, trio.current_time() - live.start, live.tokens, live.requests))
+
+    def longest_running(self, top: int) -> tuple[EpisodeTiming, ...]:
+        """The ``top`` episodes running longest, longest first (``seconds`` so far)."""
+        now = trio.current_time()
+        oldest = sorted(self._live.items(), key=lambda kv: kv[1].start)[:top]
+        return tuple(EpisodeTiming(tid, now - v.start, v.tokens, v.requests, v.in_flight) for tid, v in oldest)
+
+
+class RunMonitor:
+    """Snapshots of one run (see the module docstring).
+
+    Args:
+        engine: the open :class:`~engine.executor.RolloutEngine`.
+        total: episodes the run will submit (for "ended N of total").
+        top: how many stragglers / slowest ended episodes a snapshot lists.
+        consumer: a consumer takes batches and bumps the version (``RunSnapshot.consumer``).
+    """
+
+    def __init__(self, engine: Any, *, total: int, top: int = 5, consumer: bool = True) -> None:
+        self.engine = engine
+        self.total = total
+        self.top = top
+        self.consumer = consumer
+        self.metrics_url: str | None = None  # set by engine.metrics.observe_run when it serves metrics
+        self.start = trio.current_time()
+        self._ended_timing: dict[int, EpisodeTiming] = {}
+        self._tracker = EpisodeTracker(on_ended=lambda timing: self._ended_timing.__setitem__(timing.task_id, timing))
+        self._slowest: list[EpisodeTiming] = []
+        self._staleness: list[int] = []
+        self._episodes: list[dict[str, Any]] = []  # records not yet written to episodes.jsonl
+        self._rate: collections.deque[tuple[float, int]] = collections.deque()
+        self.last: RunSnapshot | None = None
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def track(self, workflow: Any) -> Any:
+        """``workflow`` (a spec :func:`workflows.resolve_workflow` accepts) wrapped so
+        that its episodes are timed and their tokens counted (:class:`EpisodeTracker`)."""
+        return self._tracker.track(workflow)
 
     def on_results(self, results: list[Any]) -> None:
         """The consumer's per-episode callback: ``results`` just taken from the engine
@@ -238,8 +266,8 @@ class RunMonitor:
         config = self.engine.config
         b = config.consumer_batch_size
         r = _summed(s.rewards)  # (a sharded engine: one reward pool per shard)
-        live = sorted(self._live.items(), key=lambda kv: kv[1].start)[: self.top]
-        stragglers = tuple(EpisodeTiming(tid, now - v.start, v.tokens, v.requests, v.in_flight) for tid, v in live)
+        elsewhere = self.engine.longest_running(self.top)  # a sharded engine: its shards' trackers
+        stragglers = elsewhere if elsewhere is not None else self._tracker.longest_running(self.top)
         stale = self._staleness
         snap = RunSnapshot(
             elapsed_s=now - self.start, total=self.total, submitted=s.submitted, queued=s.queued, running=s.running,

@@ -77,6 +77,7 @@ class _Shard:
         self.admitted = self.ended = self.reruns = self.dropped = 0
         self.counters: tuple[int, ...] = (0, 0, 0, 0)
         self.stats: EngineStatistics | None = None
+        self.longest: tuple[float, tuple[Any, ...]] | None = None  # (received at, its tracker's longest running)
         self.calls: dict[int, list[Any]] = {}
 
     def post(self, message: Any) -> None:
@@ -381,6 +382,23 @@ class ShardedRolloutEngine(RolloutEngine):
                        rewards=tuple(None if s.stats is None else s.stats.rewards if s.alive
                                      else at_rest(s.stats.rewards) for s in self._shards))
 
+    def longest_running(self, top: int) -> tuple[Any, ...] | None:
+        """The ``top`` longest-running episodes over the live shards (``EpisodeTiming``,
+        longest first; ``seconds`` as of now, tokens and requests as of each shard's
+        latest statistics, at most ``stats_interval_s`` old; episodes that ended since
+        are left out), or None when the shards do not track episodes
+        (``open_sharded_engine(track_episodes=False)``, the default)."""
+        from dataclasses import replace as _replace
+
+        now, merged, tracked = trio.current_time(), [], False
+        for shard in self._live:
+            if shard.longest is None:
+                continue
+            tracked = True
+            received, timings = shard.longest
+            merged += [_replace(t, seconds=t.seconds + now - received) for t in timings if t.task_id in shard.inflight]
+        return tuple(sorted(merged, key=lambda t: -t.seconds)[:top]) if tracked else None
+
     def shard_statistics(self) -> list[ShardStatistics]:
         return [ShardStatistics(s.index, s.link.pid, s.link.kind, s.alive, s.exit, len(s.inflight), s.admitted,
                                 s.ended, s.reruns, s.dropped, s.stats) for s in self._shards]
@@ -441,6 +459,8 @@ class ShardedRolloutEngine(RolloutEngine):
             self._on_ended(shard, message[1])
         elif kind == "stats":
             shard.stats = message[1]
+            if message[2] is not None:  # (open_sharded_engine(track_episodes=True))
+                shard.longest = (trio.current_time(), message[2])
         elif kind == "reply":
             slot = shard.calls.pop(message[1], None)
             if slot is not None:

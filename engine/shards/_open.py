@@ -37,7 +37,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
                               tokenizer: Any = None, start_timeout_s: float = 600.0, max_reruns: int = 2,
                               stats_interval_s: float = 0.5, frame_interval_s: float = 0.005,
                               ray_num_cpus: float = 1.0, shard_timeout_s: float | None = None,
-                              shard_gc_tuning: bool = True,
+                              shard_gc_tuning: bool = True, track_episodes: int = 0,
                               record_admissions: bool = False) -> AsyncIterator[ShardedRolloutEngine]:
     """Open a :class:`~engine.shards.ShardedRolloutEngine`: ``shards`` engine processes,
     each with its own trio loop, backend client and reward pool (the ``reward_*``
@@ -83,11 +83,17 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             Performance).  False: they follow ``config.gc_tuning``.  Inline shards
             (``shard_backend="inline"``) run in the caller's process: they always
             follow ``config.gc_tuning``, as the coordinator does.
+        track_episodes: when > 0, each shard times its episodes and counts their
+            tokens (:class:`~engine.monitor.EpisodeTracker`, a wrapper around each
+            workflow: a little CPU per generation request) and sends its
+            ``track_episodes`` longest running with its statistics, for
+            :meth:`ShardedRolloutEngine.longest_running` (the live view's
+            stragglers; ``rollout run --shards`` sets 5).  0 (the default): not tracked.
         record_admissions: keep an :class:`~engine.shards.AdmissionRecord` per
             admission in ``engine.admission_log`` (tests, audits; memory grows).
 
     Raises:
-        ValueError: ``shards < 1``, an unknown ``shard_backend``, ``shard_timeout_s <=
+        ValueError: ``shards < 1``, ``track_episodes < 0``, an unknown ``shard_backend``, ``shard_timeout_s <=
             stats_interval_s``, or ``backend``
             cannot be pickled (the message names it).
         ShardStartError: (a ``RuntimeError``) a shard did not start (how it ended; its stderr is this
@@ -100,6 +106,8 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     kind = shard_backend or ("ray" if ray_address is not None else "process")
     if kind not in SHARD_BACKENDS:
         raise ValueError(f"shard_backend must be one of {SHARD_BACKENDS}, got {shard_backend!r}")
+    if isinstance(track_episodes, bool) or not isinstance(track_episodes, int) or track_episodes < 0:
+        raise ValueError(f"track_episodes must be an int >= 0, got {track_episodes!r}")
     if max_reruns < 0:
         raise ValueError(f"max_reruns must be >= 0, got {max_reruns}")
     for name, value in (("stats_interval_s", stats_interval_s), ("frame_interval_s", frame_interval_s)):
@@ -118,7 +126,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     # the shard processes are ours, not the caller's: their GC is tuned unless told otherwise
     shard_config = replace(config, gc_tuning=True) if shard_gc_tuning and kind != "inline" else config
     init = {"config": shard_config, "backend": backend, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
-            "frame_interval_s": frame_interval_s}
+            "frame_interval_s": frame_interval_s, "options": {"track_episodes": track_episodes}}
     options = {"kind": kind, "ray_address": ray_address, "ray_num_cpus": ray_num_cpus, "shards": shards,
                "start_timeout_s": start_timeout_s, "shard_timeout_s": shard_timeout_s, "config": config}
     try:

@@ -25,9 +25,11 @@ Shard -> coordinator::
     ("ready", {"pid": int, "index": int, "weights_shared": bool})   (its backend's weights_shared_across_clients)
     ("ended", encode_results(...), counters)       counters: see _shard_main._counters
     ("reply", call_id, ok, value)
-    ("stats", EngineStatistics)                    the shard engine's, every stats_interval_s, in the
+    ("stats", EngineStatistics, longest)           the shard engine's, every stats_interval_s, in the
                                                    frame where it goes idle, and in its last frame
-                                                   (after ``close``; then its channel ends)
+                                                   (after ``close``; then its channel ends); longest:
+                                                   its EpisodeTracker's longest running (EpisodeTiming,
+                                                   seconds as of sending), or None when not tracking
 
 Trajectories travel in columns (:func:`encode_results`): the trajectories of a frame
 that have the same fields (names, dtypes) form a layout, and each field of a layout

@@ -86,6 +86,11 @@ async def run_shard(channel: Channel) -> None:
     async with open_rollout_engine(backend, shard_engine_config(init.config), tokenizer=init.tokenizer) as engine:
         workflows: dict[int, tuple[Any, Any]] = {}
         outbox: list[Any] = []
+        tracker, top = None, int(init.options.get("track_episodes") or 0)
+        if top:  # for the coordinator's live view: each workflow wrapped, its longest running sent with the stats
+            from ..monitor import EpisodeTracker
+
+            tracker = EpisodeTracker()
         buffer = engine._buffer
 
         def post(message: Any) -> None:
@@ -115,7 +120,8 @@ async def run_shard(channel: Channel) -> None:
                 now = trio.current_time()
                 if idle or closing or now - last_stats >= init.stats_interval_s:
                     last_stats = now
-                    messages.append(("stats", engine.statistics()))
+                    messages.append(("stats", engine.statistics(),
+                                     None if tracker is None else tracker.longest_running(top)))
                 if messages:
                     last_send = trio.current_time()
                     await channel.send(messages)
@@ -160,7 +166,8 @@ async def run_shard(channel: Channel) -> None:
                                 engine.submit(_loads(data), wf, should_accept_fn=fn, group_size=group_size,
                                               task_id=task_id)
                         elif kind == "workflow":
-                            workflows[message[1]] = _loads(message[2])
+                            wf, fn = _loads(message[2])
+                            workflows[message[1]] = (wf if tracker is None else tracker.track(wf), fn)
                         elif kind == "version":
                             engine.set_version(message[1])
                         elif kind == "pause":

@@ -201,7 +201,7 @@ def build_parser() -> _Parser:
     run.add_argument("--shards", type=_positive_int, default=None, metavar="N",
                      help="run N engine shards (processes, each with its own event loop, backend client and "
                           "reward pool) behind one coordinator (engine.shards; with --backend hf each shard "
-                          "loads its own copy of the model)")
+                          "loads its own copy of the model, on its own GPU when there are several)")
     run.add_argument("--shard-backend", choices=("process", "ray"), default="process",
                      help="--shards as local processes (default) or Ray actors (on --ray-address)")
     run.add_argument("--shard-timeout", type=_shard_timeout, default=None, metavar="SECONDS",
@@ -380,7 +380,9 @@ def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.shards:  # each shard process loads its own copy (an HFBackend cannot be pickled)
             from .backends.hf import HFBackendFactory
 
-            return tokenizer, HFBackendFactory(path, max_batch_size=args.concurrency)
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # more than one: a GPU per shard
+            return tokenizer, HFBackendFactory(path, devices=[f"cuda:{i}" for i in range(gpus)] if gpus > 1 else None,
+                                               max_batch_size=args.concurrency)
         return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
     if args.model is None:
         from .testing import build_tiny_tokenizer

@@ -8,7 +8,7 @@ weight updates and images.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -258,30 +258,54 @@ class HFBackendFactory:
     For :func:`engine.shards.open_sharded_engine`, which sends its backend to each
     shard process (an ``HFBackend`` holds threads' state and cannot be pickled): every
     shard calls the factory and loads its own copy of the model when its backend
-    opens (N shards: N copies, on ``device``).  ``rollout run --backend hf --shards N``
-    uses it.
+    opens.  ``rollout run --backend hf --shards N`` uses it.
 
     Args:
         model: a local HF folder or hub id (a path: a loaded model cannot travel).
+        devices: one device per shard, round robin by shard index
+            (:func:`engine.shards.shard_index`), e.g. ``["cuda:0", "cuda:1"]``: shard
+            ``i`` loads on ``devices[i % len(devices)]``; called outside a shard, the
+            first.  None (default): ``device`` from ``kwargs``, else HFBackend's
+            default (``"cuda"`` when available: every shard on the same GPU).
         **kwargs: :class:`HFBackend`'s keyword arguments (``device``, ``dtype``,
             ``mode``, ``max_batch_size``, ``batch_window_s``, ``cache_tokens``);
             checked when called, where :class:`HFBackend` raises
             ``InvalidRequestError`` naming a bad one.
 
     Raises:
-        TypeError: ``model`` is not a string.
+        TypeError: ``model`` is not a string, or both ``devices`` and ``device`` given.
+        ValueError: ``devices`` is empty.
     """
 
     logprob_semantics = HFBackend.logprob_semantics
 
-    def __init__(self, model: str, **kwargs: Any) -> None:
+    def __init__(self, model: str, *, devices: Sequence[str] | None = None, **kwargs: Any) -> None:
         if not isinstance(model, str):
             raise TypeError(f"HFBackendFactory: model must be a folder or hub id (str), got {type(model).__name__}")
+        if devices is not None:
+            if "device" in kwargs:
+                raise TypeError("HFBackendFactory: give devices (one per shard) or device, not both")
+            if isinstance(devices, str) or not devices:
+                raise ValueError(f"HFBackendFactory: devices must be a non-empty list of devices, got {devices!r}")
+            devices = list(devices)
         self.model = model
+        self.devices = devices
         self.kwargs = kwargs
 
+    def device_for(self, index: int | None) -> str | None:
+        """The device shard ``index`` loads on (None: ``kwargs``' or HFBackend's default)."""
+        if self.devices is None:
+            return self.kwargs.get("device")
+        return self.devices[(index or 0) % len(self.devices)]
+
     def __call__(self) -> HFBackend:
-        return HFBackend(self.model, **self.kwargs)
+        from ...shards import shard_index
+
+        kwargs = dict(self.kwargs)
+        if self.devices is not None:
+            kwargs["device"] = self.device_for(shard_index())
+        return HFBackend(self.model, **kwargs)
 
     def __repr__(self) -> str:
-        return f"HFBackendFactory({self.model!r}, {', '.join(f'{k}={v!r}' for k, v in self.kwargs.items())})"
+        extra = "" if self.devices is None else f", devices={self.devices!r}"
+        return f"HFBackendFactory({self.model!r}{extra}{''.join(f', {k}={v!r}' for k, v in self.kwargs.items())})"

@@ -16,7 +16,6 @@ coordinator passes the two pipe ends); or in a Ray actor
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
 import pickle
@@ -29,20 +28,10 @@ import trio
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
+from ._context import SHARD_INDEX
 from ._protocol import Channel, FrameStream, ShardInit, encode_results
 
-__all__ = ["build_backend", "run_shard", "shard_engine_config", "shard_index"]
-
-_SHARD_INDEX: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_shard_index", default=None)
-
-
-def shard_index() -> int | None:
-    """The index (0..N-1) of the engine shard this code runs in: in a backend
-    factory that the shard calls, in its workflows and filters; None outside a
-    shard (e.g. in the coordinator's process).  For factories that give each shard
-    its own resource (:class:`~engine.backends.hf.HFBackendFactory`'s ``devices``:
-    one GPU per shard)."""
-    return _SHARD_INDEX.get()
+__all__ = ["build_backend", "run_shard", "shard_engine_config"]
 
 logger = logging.getLogger(f"rollout.{__name__}")
 
@@ -94,7 +83,7 @@ async def run_shard(channel: Channel) -> None:
     if not first or first[0][0] != "init":
         raise RuntimeError(f"engine shard: expected an init message first, got {first!r:.200}")
     init: ShardInit = first[0][1]
-    _SHARD_INDEX.set(init.index)  # (this task's context: inline shards share a process, each its own task)
+    SHARD_INDEX.set(init.index)  # (this task's context: inline shards share a process, each its own task)
     backend = build_backend(init.backend)
     async with open_rollout_engine(backend, shard_engine_config(init.config), tokenizer=init.tokenizer) as engine:
         workflows: dict[int, tuple[Any, Any]] = {}

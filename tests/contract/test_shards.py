@@ -304,40 +304,23 @@ def test_hf_backend_factory_pickles_and_builds_an_unopened_backend():
         HFBackendFactory("some/model", devices=[])
 
 
-def _record_shard_index():
-    """A backend factory (module level: picklable) that tags the sim with the shard it was built in."""
+@pytest.mark.parametrize("kind", ["inline", "process"])
+async def test_shard_index_is_seen_by_the_backend_factory_and_the_workflows(kind, capfd):
+    """Regression (new-user trial): in process shards shard_index() was None (the
+    package imported _shard_main, which runs as __main__ there: two context
+    variables, and a runpy warning on stderr per shard)."""
     from engine.shards import shard_index
-
-    backend = sim()
-    backend.built_in_shard = shard_index()
-    return backend
-
-
-class ShardIndexEcho(Echo):
-    """Echo; each trajectory also records ``engine.shards.shard_index()`` as seen by the
-    workflow and by the backend factory (``shard_index_seen [1, 2] int64``)."""
-
-    async def arun_episode(self, engine, data):
-        import torch
-
-        from engine.shards import shard_index
-
-        traj = await super().arun_episode(engine, data)
-        traj["shard_index_seen"] = torch.tensor([[shard_index(), engine.backend.built_in_shard]])
-        return traj
-
-
-async def test_shard_index_is_seen_by_the_backend_factory_and_the_workflows(autojump_clock):
-    from engine.shards import shard_index
+    from shard_fixtures import ShardIndexEcho, record_shard_index
 
     assert shard_index() is None  # not in a shard
-    async with open_sharded_engine(_record_shard_index, EngineConfig(), shards=2, shard_backend="inline") as engine:
+    async with open_sharded_engine(record_shard_index, EngineConfig(), shards=2, shard_backend=kind) as engine:
         for i in range(8):
             engine.submit({"i": i}, ShardIndexEcho())
         results = await engine.wait_results(8)
     seen = {tuple(r.trajectory["shard_index_seen"][0].tolist()) for r in results}
     assert seen == {(0, 0), (1, 1)}  # each shard's own index, in its factory and its episodes
     assert shard_index() is None
+    assert "found in sys.modules" not in capfd.readouterr().err
 
 
 async def test_update_weights_reaches_every_shard_and_a_failure_names_the_shard(autojump_clock):

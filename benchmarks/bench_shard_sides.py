@@ -8,7 +8,7 @@ that process's children.  The shards' recorded sim requests (warm-up left out) a
 checked against the plan (``work_matches_plan``); the ideal makespan is the plan's, as
 for every side.  CPU: the coordinator plus its live children (the shards; the shards'
 reward workers are their children and are not counted).  Reward latencies are the
-first shard's pool window.
+highest shard pool's percentiles (``statistics().rewards``, merged).
 """
 
 from __future__ import annotations
@@ -98,13 +98,13 @@ async def _drive_sharded(cfg: Any, tokenizer: Any, shards: int) -> dict[str, Any
         warm = {prompt_key(default_get_input_ids(tokenizer, bench_item(i, warmup=True, seed=cfg.seed), False))
                 for i in range(cfg.warmup)}
         requests = [rec[:5] for shard in records for rec in shard if rec[0] not in warm]
-    pools = [r for r in stats.rewards if r is not None]
+    pool = stats.rewards  # (the shards' pools merged: sums; latency percentiles: the highest shard's)
     return _summary(shard_side(shards), cfg, tally.counts_with_reasons(), measured, requests=requests,
                     time_to_first_batch_s=_r(first_batch_s), staleness_histogram=staleness_histogram(tally.stale),
-                    reward_latency_p50_s=_r(pools[0].latency_p50_s) if pools else None,
-                    reward_latency_p99_s=_r(pools[0].latency_p99_s) if pools else None,
-                    reward_workers=sum(p.max_workers for p in pools),
-                    reward_fallbacks=sum(p.fallbacks for p in pools),
+                    reward_latency_p50_s=_r(pool.latency_p50_s) if pool else None,
+                    reward_latency_p99_s=_r(pool.latency_p99_s) if pool else None,
+                    reward_workers=pool.max_workers if pool else 0,
+                    reward_fallbacks=pool.fallbacks if pool else 0,
                     reward_mean=tally.reward_mean,
                     token_pool_digest=pool_digest(backend.token_pool),
                     shards=[{"pid": s.pid, "admitted": s.admitted, "ended": s.ended, "alive": s.alive}

@@ -127,15 +127,27 @@ def check_loadable(engine: Any, state: Any, workflow: Any) -> None:
                          "workflow to re-submit them")
 
 
+def _vocabulary(kind: Any, value: Any) -> Any:
+    """``value`` as the member of ``kind`` (a str enum such as ``RejectReason``) it
+    names, as the engine records it before a save; unchanged if it names none (a
+    custom reason) or is None.  (The state holds plain strings: ``weights_only``.)"""
+    try:
+        return value if value is None else kind(value)
+    except ValueError:
+        return value
+
+
 def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflow_kwargs: dict[str, Any] | None,
                       should_accept_fn: Any) -> list[int]:
     """See :meth:`engine.RolloutEngine.load_state_dict`."""
     from .buffer import ResultBuffer
-    from ._records import EpisodeResult
+    from ._records import EpisodeResult, EpisodeStatus, FailReason, RejectReason
 
     check_loadable(engine, state, workflow)
     pending = state["pending"]
-    results = [EpisodeResult(r["task_id"], r["status"], trajectory=_trajectory(r["trajectory"]), reason=r["reason"],
+    results = [EpisodeResult(r["task_id"], _vocabulary(EpisodeStatus, r["status"]),
+                             trajectory=_trajectory(r["trajectory"]),
+                             reason=_vocabulary(FailReason if r["status"] == "failed" else RejectReason, r["reason"]),
                              error_type=r["error_type"], error_message=r["error_message"],
                              member_errors=tuple(tuple(m) for m in r["member_errors"]), data=r["data"],
                              elapsed_s=r["elapsed_s"]) for r in state["results"]]
@@ -145,8 +157,8 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
     for status in ("accepted", "rejected", "failed"):
         engine._counts[status] = int(acc[status])
     engine._counts["submitted"] = sum(int(acc[s]) for s in ("accepted", "rejected", "failed"))
-    engine._rejected_by.update(acc["rejected_by_reason"])
-    engine._failed_by.update(acc["failed_by_reason"])
+    engine._rejected_by.update({_vocabulary(RejectReason, k): v for k, v in acc["rejected_by_reason"].items()})
+    engine._failed_by.update({_vocabulary(FailReason, k): v for k, v in acc["failed_by_reason"].items()})
     engine._generated_tokens = int(acc["generated_tokens"])
     engine._segments_resumed = int(acc["segments_resumed"])
     engine._reward_fallbacks = int(acc["reward_fallbacks"])

@@ -45,7 +45,7 @@ from ..backends.base import BackendStatistics
 from ..errors import RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
 from ._protocol import decode_results
-from ._statistics import AdmissionRecord, ShardStatistics, at_rest, merge_statistics
+from ._statistics import AdmissionRecord, ShardStatistics, merge_statistics
 from ._weights import update_shared_weights, weights_error
 
 __all__ = ["AdmissionRecord", "ShardStartError", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError"]
@@ -75,6 +75,7 @@ class _Shard:
         self.wake = trio.Event()
         self.known: set[int] = set()
         self.admitted = self.ended = self.reruns = self.dropped = 0
+        self.by_status: collections.Counter[str] = collections.Counter()  # how its returned episodes ended
         self.counters: tuple[int, ...] = (0, 0, 0, 0)
         self.stats: EngineStatistics | None = None
         self.longest: tuple[float, tuple[Any, ...]] | None = None  # (received at, its tracker's longest running)
@@ -216,8 +217,15 @@ class ShardedRolloutEngine(RolloutEngine):
             try:
                 blob = pickle.dumps((workflow, should_accept_fn), protocol=5)
             except Exception as exc:
-                raise WorkflowError(f"a sharded engine sends the workflow ({type(workflow).__name__}) and "
-                                    f"should_accept_fn to its shards, and they cannot be pickled: {exc}") from exc
+                culprit = f"the workflow ({type(workflow).__name__})"
+                try:
+                    pickle.dumps(workflow, protocol=5)
+                except Exception:
+                    pass
+                else:  # the workflow pickles: the filter is what cannot
+                    culprit = f"should_accept_fn ({getattr(should_accept_fn, '__qualname__', type(should_accept_fn).__name__)})"
+                raise WorkflowError(f"a sharded engine sends the workflow and should_accept_fn to its shards, and "
+                                    f"{culprit} cannot be pickled (define it at module level): {exc}") from exc
             entry = (len(self._specs), blob, workflow, should_accept_fn)
             self._specs[(id(workflow), id(should_accept_fn))] = entry
         return entry[0]
@@ -369,9 +377,11 @@ class ShardedRolloutEngine(RolloutEngine):
         (exact, global); ``generated_tokens``, ``segments_resumed``,
         ``reward_fallbacks``, ``retokenization_drifts`` are sums over the shards as of
         their latest results (plus what ``load_state_dict`` restored); ``backend``
-        sums the shards' latest backend snapshots; ``rewards`` is a tuple of the
-        shards' reward pool statistics.  A shard no longer alive counts with its
-        last snapshot's totals and its gauges at 0 (nothing runs there:
+        sums the shards' latest backend snapshots; ``rewards`` is the shards'
+        reward pools merged into one ``RewardPoolStatistics`` (as a single
+        engine reports; latency percentiles: the highest shard's; each shard's own in
+        :meth:`shard_statistics`).  A shard no longer alive counts with its last
+        snapshot's totals and its gauges at 0 (nothing runs there:
         :data:`~engine.shards._statistics.GAUGES`)."""
         base = super().statistics()
         restored = (self._generated_tokens, self._segments_resumed, self._reward_fallbacks,
@@ -379,8 +389,17 @@ class ShardedRolloutEngine(RolloutEngine):
         totals = [restored[i] + sum(s.counters[i] for s in self._shards) for i in range(4)]
         return replace(base, generated_tokens=totals[0], segments_resumed=totals[1], reward_fallbacks=totals[2],
                        retokenization_drifts=totals[3],
-                       rewards=tuple(None if s.stats is None else s.stats.rewards if s.alive
-                                     else at_rest(s.stats.rewards) for s in self._shards))
+                       rewards=self._merged_rewards())
+
+    def _merged_rewards(self) -> Any:
+        """The shards' reward pool statistics as one (the type a single engine reports):
+        totals over every shard, gauges over live ones (:func:`merge_statistics`); None
+        before any shard has sent statistics or without reward pools."""
+        reported = [(s.stats.rewards, s.alive) for s in self._shards
+                    if s.stats is not None and s.stats.rewards is not None]
+        if not reported:
+            return None
+        return merge_statistics([pool for pool, _ in reported], alive=[up for _, up in reported])
 
     def longest_running(self, top: int) -> tuple[Any, ...] | None:
         """The ``top`` longest-running episodes over the live shards (``EpisodeTiming``,
@@ -400,8 +419,15 @@ class ShardedRolloutEngine(RolloutEngine):
         return tuple(sorted(merged, key=lambda t: -t.seconds)[:top]) if tracked else None
 
     def shard_statistics(self) -> list[ShardStatistics]:
+        """One :class:`ShardStatistics` per shard (index order): what the coordinator
+        knows of it (alive or how it ended, episodes dispatched, returned, re-run,
+        dropped, and how those it returned ended) and its engine's latest statistics.
+        Sync and cheap; the engine figures are up to ``stats_interval_s`` old while
+        the shard runs (:meth:`refresh_statistics` asks every shard now)."""
         return [ShardStatistics(s.index, s.link.pid, s.link.kind, s.alive, s.exit, len(s.inflight), s.admitted,
-                                s.ended, s.reruns, s.dropped, s.stats) for s in self._shards]
+                                s.ended, s.reruns, s.dropped, s.stats, accepted=s.by_status["accepted"],
+                                rejected=s.by_status["rejected"], failed=s.by_status["failed"])
+                for s in self._shards]
 
     @property
     def shard_pids(self) -> list[int | None]:
@@ -466,7 +492,7 @@ class ShardedRolloutEngine(RolloutEngine):
             if slot is not None:
                 slot[1] = (message[2], message[3])
                 slot[0].set()
-        elif kind == "ready":
+        elif kind in ("ready", "bye"):
             pass
         else:
             raise RuntimeError(f"engine shard {shard.index} sent an unknown message {kind!r}")
@@ -486,6 +512,7 @@ class ShardedRolloutEngine(RolloutEngine):
                 result = self._check_staleness(EpisodeResult(
                     task_id, status, trajectory=trajectory, reason=reason, error_type=error_type,
                     error_message=error_message, member_errors=member_errors, data=task.data, elapsed_s=elapsed_s))
+                shard.by_status[result.status] += 1
                 traj = result.trajectory
                 buffer._put_now(result, 0 if traj is None else int(traj.batch_size[0]))
                 self._ended(result, was_running=True)
@@ -511,8 +538,9 @@ class ShardedRolloutEngine(RolloutEngine):
             self._dead_error = ShardsDiedError(
                 "every engine shard died: " + "; ".join(f"shard {s.index} (pid {s.link.pid}) {s.exit}"
                                                          for s in self._shards))
-        logger.warning("engine shard %d (pid %s) %s; %d episodes in flight there %s", shard.index, shard.link.pid,
-                       why, len(lost), "run again on the other shards" if self._live else "end as failed")
+        logger.warning("engine shard %d (pid %s) %s; the %d episodes dispatched to it and not ended %s",
+                       shard.index, shard.link.pid, why, len(lost),
+                       "run again on the other shards" if self._live else "end as failed")
         again = []
         for task in lost:
             del self._running[task.task_id]

@@ -74,9 +74,10 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             shard sends its statistics at least every ``stats_interval_s``) is hung
             (stopped, deadlocked, its loop blocked): it is killed and treated as dead
             (its episodes run again elsewhere).  None (the default): never.  Must
-            exceed ``stats_interval_s``.  Closing waits for each shard's last frames
-            and exit up to ``min(10, max(2, shard_timeout_s))`` seconds (10 without
-            it), then kills it.
+            exceed ``stats_interval_s``.  Closing: a shard that answers ``close``
+            with its last frame gets up to 10 s to close its engine and exit; one
+            silent for ``shard_timeout_s`` after ``close`` is killed then (10 s
+            without it).
         shard_gc_tuning: tune the garbage collector of each shard *process* as
             ``EngineConfig.gc_tuning`` does (those processes are this engine's own,
             not the caller's; measured -15% to -20% CPU per shard episode, README
@@ -167,10 +168,7 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
                         nursery.cancel_scope.cancel()
             finally:
                 with trio.CancelScope(shield=True):
-                    timeout = options["shard_timeout_s"]  # a shard silent that long is hung: closing too
-                    # (at least 2 s: a healthy shard's last frames and exit after a small shard_timeout_s)
-                    await _close_all(shards, ray_context,
-                                     grace_s=10.0 if timeout is None else min(10.0, max(2.0, timeout)))
+                    await _close_all(shards, ray_context, silence_s=options["shard_timeout_s"])
         finally:
             if dumper is not None:
                 dumper.close()
@@ -238,35 +236,54 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
-async def _close_all(shards: list[_Shard], ray_context: Any, grace_s: float = 10.0) -> None:
+async def _close_all(shards: list[_Shard], ray_context: Any, grace_s: float = 10.0,
+                     silence_s: float | None = None) -> None:
     """Say ``close`` to every live shard and take in what each sends until its channel
     ends (its last results' counters and its final statistics: ``shard_statistics()``
-    and ``statistics()`` are exact after the close), then end the links.  One deadline,
-    ``grace_s`` from now, bounds both (a hung shard is killed then, not after twice it)."""
+    and ``statistics()`` are exact after the close), then end the links.
+
+    A healthy shard answers ``close`` with its last frame (its final statistics) at
+    once, then closes its engine and exits: it gets ``grace_s`` from now for all of
+    it.  A shard that sends nothing for ``silence_s`` (``shard_timeout_s``) after
+    ``close`` (stopped, deadlocked) is hung: it is killed then, not after ``grace_s``;
+    one that sent its last frame is never cut short by ``silence_s`` (its engine's
+    teardown, e.g. its reward workers', may take a few seconds on a busy machine).
+    """
     deadline = trio.current_time() + grace_s
+    silence = min(grace_s, silence_s) if silence_s is not None else grace_s
+    answered: set[int] = set()  # shards whose last frame (with their final statistics) arrived
+
     async def say_close(shard: _Shard) -> None:
-        with trio.move_on_after(2.0):
+        with trio.move_on_after(min(2.0, silence)):
             try:
                 await shard.link.channel.send([("close",)])
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
-        with trio.move_on_at(deadline):
-            try:
-                while (messages := await shard.link.channel.receive()) is not None:
-                    for message in messages:
-                        if message[0] == "stats":
-                            shard.stats = message[1]
-                        elif message[0] == "ended":
-                            shard.counters = message[2]
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError,
-                    pickle.UnpicklingError):
-                pass
+        try:
+            while True:
+                with trio.move_on_at(deadline if shard.index in answered else
+                                     min(deadline, trio.current_time() + silence)) as waiting:
+                    messages = await shard.link.channel.receive()
+                if waiting.cancelled_caught or messages is None:
+                    return
+                for message in messages:
+                    if message[0] == "stats":
+                        shard.stats = message[1]
+                    elif message[0] == "bye":  # its last frame: it is closing its engine, then exits
+                        answered.add(shard.index)
+                    elif message[0] == "ended":
+                        shard.counters = message[2]
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError, pickle.UnpicklingError):
+            pass
 
     async with trio.open_nursery() as nursery:
         for shard in shards:
             if shard.alive:
                 nursery.start_soon(say_close, shard)
-    await _close_links([s.link for s in shards], grace_s=max(0.0, deadline - trio.current_time()))
+    async with trio.open_nursery() as nursery:  # answered: the rest of grace_s to exit; hung: killed now
+        for shard in shards:
+            left = max(0.0, deadline - trio.current_time()) if shard.index in answered or not shard.alive else 0.0
+            nursery.start_soon(shard.link.aclose, left)
     for shard in shards:
         if shard.alive:
             shard.alive, shard.exit = False, f"closed ({await shard.link.exit_reason(0.0)})"

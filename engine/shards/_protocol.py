@@ -25,6 +25,8 @@ Shard -> coordinator::
     ("ready", {"pid": int, "index": int, "weights_shared": bool})   (its backend's weights_shared_across_clients)
     ("ended", encode_results(...), counters)       counters: see _shard_main._counters
     ("reply", call_id, ok, value)
+    ("bye",)                                       in its last frame, after ``close`` (then it closes
+                                                   its engine and exits)
     ("stats", EngineStatistics, longest)           the shard engine's, every stats_interval_s, in the
                                                    frame where it goes idle, and in its last frame
                                                    (after ``close``; then its channel ends); longest:

@@ -124,6 +124,8 @@ async def run_shard(channel: Channel) -> None:
                     last_stats = now
                     messages.append(("stats", engine.statistics(),
                                      None if tracker is None else tracker.longest_running(top)))
+                if closing:
+                    messages.append(("bye",))  # the last frame: the coordinator waits for the exit now
                 if messages:
                     last_send = trio.current_time()
                     await channel.send(messages)

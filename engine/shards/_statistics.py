@@ -28,6 +28,11 @@ GAUGES = frozenset({"requests_running", "sequences_running", "sequences_queued",
 #: ``batch_occupancy``: requests per ``generate`` call, over ``batches``).
 _MEANS = {"batch_occupancy": "batches"}
 
+#: Fields merged as the highest shard's value (of those that have one): the reward
+#: pools' latency percentiles (a percentile of the union is not a function of the
+#: shards' percentiles; the highest is an upper bound for p99, a plain figure for p50).
+_MAXIMA = frozenset({"latency_p50_s", "latency_p99_s"})
+
 
 @dataclass(frozen=True)
 class AdmissionRecord:
@@ -59,6 +64,9 @@ class ShardStatistics:
         admitted, ended: lifetime episodes dispatched to it / returned by it.
         reruns: episodes taken back from it when it died and queued again.
         dropped: results it sent for episodes it no longer held (dropped by task id).
+        accepted, rejected, failed: how the episodes it returned ended, counted by the
+            coordinator as it took them in (after its staleness check), so exact for a
+            shard that died too (``accepted + rejected + failed == ended``).
         engine: the latest statistics of its own engine (or None before the first).
             A shard sends them every ``stats_interval_s``, with the frame in which it
             becomes idle (nothing running or queued) and when it closes, so once the
@@ -76,13 +84,16 @@ class ShardStatistics:
     reruns: int
     dropped: int
     engine: EngineStatistics | None
+    accepted: int = 0
+    rejected: int = 0
+    failed: int = 0
 
     def summary(self) -> dict[str, Any]:
         """A plain-JSON-ready record (``rollout run``'s ``summary.json`` ``"shards"``):
         ``shard``, ``kind``, ``pid``, ``admitted``, ``ended``, ``reruns``, ``dropped``,
-        ``exit``, and from the shard's own engine ``accepted`` / ``rejected`` / ``failed``
-        (as the shard ended them: the coordinator may still reject one as stale),
-        ``generated_tokens``,
+        ``exit``, ``accepted`` / ``rejected`` / ``failed`` (the coordinator's counts of
+        the episodes it returned: they add up to ``ended``), and from the shard's own
+        engine ``generated_tokens``,
         ``reward_statistics`` (its reward pool's :class:`~engine.rewards` statistics as
         a dataclass, or None) and ``backend_statistics`` (its backend client's), and
         ``statistics_final``: True when the shard closed cleanly after sending its last
@@ -93,8 +104,8 @@ class ShardStatistics:
         return {"shard": self.index, "kind": self.kind, "pid": self.pid, "admitted": self.admitted,
                 "ended": self.ended, "reruns": self.reruns, "dropped": self.dropped, "exit": self.exit,
                 "statistics_final": final,
-                **{k: getattr(e, k) if e is not None else None
-                   for k in ("accepted", "rejected", "failed", "generated_tokens")},
+                "accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
+                "generated_tokens": e.generated_tokens if e is not None else None,
                 "reward_statistics": e.rewards if e is not None else None,
                 "backend_statistics": e.backend if e is not None else None}
 
@@ -146,7 +157,8 @@ def merge_statistics(snapshots: list[Any], alive: list[bool] | None = None) -> A
     Totals (counters) are summed over every shard, dead ones included; gauges
     (:data:`GAUGES`: in flight, running, queued now) over the shards still alive
     only (a dead shard's last snapshot may say ``requests_running=49``: none runs);
-    a mean (``batch_occupancy``) is weighted by its count.  A peak (``peak_*``)
+    a mean (``batch_occupancy``) is weighted by its count; a reward pool's latency
+    percentiles are the highest shard's.  A peak (``peak_*``)
     is the sum of the shards' peaks: an upper bound on the peak across shards (they
     need not have peaked at the same time).  A remote backend's ``servers`` are
     merged by URL (:func:`_merge_servers`).  ``version`` and the other non-numeric
@@ -169,6 +181,9 @@ def merge_statistics(snapshots: list[Any], alive: list[bool] | None = None) -> A
     merged: dict[str, Any] = {}
     for f in fields(base):
         values = [getattr(s, f.name) for s in settled]
+        if f.name in _MAXIMA:
+            merged[f.name] = max((v for v in values if v is not None), default=None)
+            continue
         if f.name == "servers" and all(isinstance(v, tuple) for v in values):
             merged[f.name] = _merge_servers(values, alive)
             continue

@@ -132,8 +132,10 @@ async def test_unpicklable_workflow_or_data_is_refused_at_submit(autojump_clock)
         pass
 
     async with open_sharded_engine(sim(), EngineConfig(), shards=1, shard_backend="inline") as engine:
-        with pytest.raises(WorkflowError, match="cannot be pickled"):
+        with pytest.raises(WorkflowError, match=r"the workflow \(Local\) cannot be pickled"):
             engine.submit({}, Local())
+        with pytest.raises(WorkflowError, match=r"should_accept_fn \(.*<lambda>\) cannot be pickled"):
+            engine.submit({}, Echo(), should_accept_fn=lambda traj: True)  # (only the filter fails: it is named)
         with pytest.raises(ValueError, match="data .* cannot be pickled"):
             engine.submit({"fn": lambda: 0}, Echo())
         assert engine.statistics().submitted == 0

@@ -84,12 +84,33 @@ async def test_a_killed_shard_s_last_gauges_leave_the_engine_statistics(autojump
         backend = engine.statistics().backend
         assert backend.requests_running == 0  # (was the dead shard's last requests_running)
         assert backend.requests_served == last.backend.requests_served + survivor.stats.backend.requests_served
-        rewards = engine.statistics().rewards
-        assert (rewards[0].busy, rewards[0].workers_busy, rewards[0].calls) == (0, 0, 5)
+        rewards = engine.statistics().rewards  # one RewardPoolStatistics, as a single engine reports
+        kept = survivor.stats.rewards
+        assert (rewards.busy, rewards.workers_busy) == (0, 0)  # the dead pool's gauges: 0
+        assert rewards.calls == 5 + (kept.calls if kept else 0)  # its totals still count
+        assert rewards.max_workers == 2 + (kept.max_workers if kept else 0)  # (a peak: summed, dead ones too)
         record = engine.shard_statistics()[0]  # the dead shard's own record: its last snapshot, as sent
         assert record.engine.backend.requests_running == last.backend.requests_running > 0
         assert record.summary()["statistics_final"] is False
+        # how each shard's returned episodes ended: the coordinator's counts, exact for the dead one too
+        # (they came from its last snapshot, so the shards' accepted did not add up to the engine's)
+        records = engine.shard_statistics()
+        assert all(r.accepted + r.rejected + r.failed == r.ended for r in records)
+        assert sum(r.accepted for r in records) == engine.statistics().accepted == 64
         invariant(engine.statistics())
+
+
+def test_reward_pools_merge_into_one_with_the_highest_latency_percentiles():
+    """A sharded engine's statistics().rewards was a tuple (one pool per shard) where a
+    single engine's is a RewardPoolStatistics (new-user trial): now merged."""
+    a = _pool(calls=10, successes=10, max_workers=2, workers_idle=2, latency_p50_s=0.01, latency_p99_s=0.5)
+    b = _pool(calls=4, successes=3, errors=1, max_workers=2, workers_busy=1, latency_p50_s=0.02,
+              latency_p99_s=None)
+    merged = merge_statistics([a, b])
+    assert type(merged) is type(a)
+    assert (merged.calls, merged.successes, merged.errors, merged.max_workers) == (14, 13, 1, 4)
+    assert (merged.latency_p50_s, merged.latency_p99_s) == (0.02, 0.5)
+    assert merge_statistics([a, b], alive=[True, False]).workers_busy == 0  # a dead pool's gauges: 0
 
 
 def test_remote_servers_are_merged_by_url_across_shards():

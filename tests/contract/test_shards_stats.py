@@ -60,18 +60,20 @@ def test_rollout_run_shards_summary_has_exact_reward_statistics_and_a_record_per
                             "--out", str(out)], capsys)
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text())
-    pools = summary["reward_statistics"]
-    assert len(pools) == 2
-    assert sum(p["calls"] for p in pools) == sum(p["successes"] for p in pools) == 80  # 2 samples per item
-    assert [p["busy"] for p in pools] == [0, 0]
+    pool = summary["reward_statistics"]  # the shards' pools merged (the shape a single process reports)
+    assert pool["calls"] == pool["successes"] == 80 and pool["busy"] == 0  # 2 samples per item
     shards = summary["shards"]
     assert [s["shard"] for s in shards] == [0, 1]
     assert sum(s["ended"] for s in shards) == summary["submitted"] == 40
+    assert sum(s["accepted"] for s in shards) == summary["accepted"]
     assert {s["exit"] for s in shards} == {"closed (exited with status 0)"}
     assert all(s["statistics_final"] for s in shards)
     # each shard's record is its last snapshot as sent; the engine's (closed: no shard alive) has the gauges at 0
-    assert [{**s["reward_statistics"], **{g: 0 for g in GAUGES if g in s["reward_statistics"]}} for s in shards] \
-        == pools and all(s["reruns"] == 0 for s in shards)
+    own = [s["reward_statistics"] for s in shards]
+    assert sum(p["calls"] for p in own) == pool["calls"] and all(s["reruns"] == 0 for s in shards)
+    assert {k: sum(p[k] for p in own) for k in ("successes", "max_workers")} == {
+        k: pool[k] for k in ("successes", "max_workers")}
+    assert all(pool[g] == 0 for g in GAUGES if g in pool)  # (closed: no shard alive)
     last = [line for line in err.splitlines() if line.startswith("rollout progress:")][-1]
     assert "reward workers 0/2 busy" in last, last  # the shards' pools, summed
     assert " ahead " not in last, last  # no --consumer-batch-size: the version never moves
@@ -165,6 +167,24 @@ def test_shard_timeout_s_must_exceed_stats_interval_s():
 
     with pytest.raises(ValueError, match="shard_timeout_s must be None or a number > stats_interval_s"):
         trio.run(main)
+
+
+async def test_a_short_shard_timeout_does_not_kill_healthy_shards_that_close_slowly():
+    """Regression (new-user trial): with --shard-timeout 0.6 closing killed both healthy
+    shards (the close deadline was max(2, shard_timeout_s) for the last frame *and* the
+    exit; a shard's engine teardown, e.g. its reward workers', can take longer).  Now a
+    shard that sent its last frame gets the whole grace (10 s) to exit."""
+    from shard_fixtures import slow_closing_sim
+
+    async with open_sharded_engine(slow_closing_sim, EngineConfig(), shards=2, stats_interval_s=0.2,
+                                   shard_timeout_s=0.6) as engine:
+        wf = Echo()
+        for i in range(10):
+            engine.submit({"i": i}, wf)
+        await engine.wait_results(10)
+    records = [s.summary() for s in engine.shard_statistics()]
+    assert [r["exit"] for r in records] == ["closed (exited with status 0)"] * 2  # (was: killed by SIGKILL)
+    assert all(r["statistics_final"] for r in records)
 
 
 async def test_closing_with_a_hung_shard_waits_at_most_shard_timeout_s():

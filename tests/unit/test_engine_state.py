@@ -149,3 +149,28 @@ async def test_an_episode_admitted_as_the_engine_closes_ends_cancelled(reward_po
                 await trio.sleep_forever()
         s = engine.statistics()
         assert (s.accepted, s.failed_by_reason) == (1, {"cancelled": 2}), s.failed_by_reason
+
+
+async def test_loaded_reasons_are_the_engine_s_vocabulary_again(reward_pool, autojump_clock):
+    """Regression (new-user trial): after load_state_dict the reason keys were plain
+    str where the engine records RejectReason / FailReason members (a custom reason
+    stays as it was)."""
+    from engine import EpisodeStatus, FailReason, RejectReason
+
+    tok, wf, _ = _setup()
+    async with open_rollout_engine(_sim(tok), EngineConfig(), reward_pool=reward_pool) as engine:
+        state = engine.state_dict()
+    state["accounting"].update(rejected=3, failed=1, rejected_by_reason={"filtered": 2, "my_reason": 1},
+                               failed_by_reason={"reward_error": 1})
+    state["results"] = [{"task_id": 7, "status": "rejected", "trajectory": None, "reason": "stale",
+                         "error_type": None, "error_message": None, "member_errors": [], "data": {"x": 1},
+                         "elapsed_s": 0.5}]
+    state = _roundtrip(state)
+    async with open_rollout_engine(_sim(tok), EngineConfig(), reward_pool=reward_pool) as engine:
+        engine.load_state_dict(state, wf)
+        s = engine.statistics()
+        [result] = await engine.wait_results(1)
+    assert {type(k) for k in s.rejected_by_reason} == {RejectReason, str}
+    assert s.rejected_by_reason == {RejectReason.FILTERED: 2, "my_reason": 1}
+    assert type(next(iter(s.failed_by_reason))) is FailReason
+    assert type(result.status) is EpisodeStatus and type(result.reason) is RejectReason and result.reason == "stale"

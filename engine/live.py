@@ -79,6 +79,8 @@ def render(s: RunSnapshot) -> Any:
     gauges.add_row("policy version", f"{s.version}  (consumer batch {s.consumer_batch_size})" if s.consumer
                    else f"{s.version}  (no consumer batches)")
     gauges.add_row("admission capacity", str(s.capacity))
+    if s.shards is not None:
+        gauges.add_row("engine shards", f"{s.shards_alive}/{s.shards} alive")
     if s.consumer:
         gauges.add_row("generation ahead", _ahead(s))
     gauges.add_row("consumed staleness", f"mean {s.consumed_staleness_mean:.2f}, max {s.consumed_staleness_max} "
@@ -107,8 +109,9 @@ def plain_line(s: RunSnapshot) -> str:
     longest = (f" | longest #{s.stragglers[0].task_id} {s.stragglers[0].seconds:.1f} s "
                f"{s.stragglers[0].tokens} tok" if s.stragglers else "")
     ahead = f" ahead {s.ahead_versions:.1f}" if s.consumer else ""
+    shards = f" | shards {s.shards_alive}/{s.shards} alive" if s.shards is not None else ""
     return (f"rollout progress: {s.elapsed_s:.0f} s | ended {s.ended}/{s.total} (ok {s.accepted}, rej {s.rejected}, "
-            f"fail {s.failed}{': ' + reasons if reasons else ''}) | in flight {s.running}, waiting {s.queued} | "
+            f"fail {s.failed}{': ' + reasons if reasons else ''}) | in flight {s.running}, waiting {s.queued}{shards} | "
             f"{s.tokens_per_s:.0f} tok/s | v{s.version} cap {s.capacity}{ahead} | "
             f"reward workers {_workers(s)}, {s.reward_timeouts} timeouts, {s.reward_workers_killed} killed{longest}")
 

@@ -64,7 +64,9 @@ class RunSnapshot:
     False when no consumer takes batches of ``consumer_batch_size`` and bumps the
     version (``rollout run`` without ``--consumer-batch-size``): ``ahead_versions``
     then means nothing and the views leave it out.  ``reward_workers_starting``:
-    reward workers being started (not counted busy).
+    reward workers being started (not counted busy).  ``shards`` /
+    ``shards_alive``: a sharded engine's shard count and how many still run
+    (``None`` for one process).
     """
 
     elapsed_s: float
@@ -100,6 +102,8 @@ class RunSnapshot:
     consumed_staleness_max: int = 0
     stragglers: tuple[EpisodeTiming, ...] = ()
     slowest_ended: tuple[EpisodeTiming, ...] = ()
+    shards: int | None = None
+    shards_alive: int | None = None
 
     @property
     def ended(self) -> int:
@@ -283,12 +287,20 @@ class RunMonitor:
             reward_errors=getattr(r, "errors", 0), reward_workers_starting=getattr(r, "workers_starting", 0),
             consumer=self.consumer, consumed=len(stale), consumed_staleness_mean=sum(stale) / len(stale) if stale else 0.0,
             consumed_staleness_max=max(stale, default=0),
-            stragglers=stragglers, slowest_ended=tuple(self._slowest),
+            stragglers=stragglers, slowest_ended=tuple(self._slowest), **self._shard_counts(),
         )
         self.last = snap
         return snap
 
     # -- the report's time series --------------------------------------------------------------
+    def _shard_counts(self) -> dict[str, int]:
+        from .shards import ShardedRolloutEngine  # (not at import: engine.shards imports the executor)
+
+        if not isinstance(self.engine, ShardedRolloutEngine):
+            return {}
+        records = self.engine.shard_statistics()
+        return {"shards": len(records), "shards_alive": sum(r.alive for r in records)}
+
     async def run_recorder(self, out_dir: Any, *, interval_s: float = 1.0, append: bool = False,
                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Write a sample to ``out_dir/metrics.jsonl`` every ``interval_s`` seconds and

@@ -77,6 +77,7 @@ def test_rollout_run_shards_summary_has_exact_reward_statistics_and_a_record_per
     last = [line for line in err.splitlines() if line.startswith("rollout progress:")][-1]
     assert "reward workers 0/2 busy" in last, last  # the shards' pools, summed
     assert " ahead " not in last, last  # no --consumer-batch-size: the version never moves
+    assert "| shards 2/2 alive |" in last, last
 
 
 # -- weight updates on shared servers ------------------------------------------------------------------

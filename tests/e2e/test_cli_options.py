@@ -26,7 +26,6 @@ from engine.cli import _explicit_options, build_parser
     ("args", "message"),
     [
         (["--backend", "vllm"], "--backend vllm needs at least one --server URL"),
-        (["--backend", "hf", "--shards", "2"], "--shards: --backend hf loads the model in this process"),
         (["--max-head-offpolicyness", "1"], "--max-head-offpolicyness needs --consumer-batch-size"),
         (["--shard-timeout", "5"], "--shard-timeout applies to --shards N"),
         (["--sim-text", ""], "--sim-text: must not be empty"),

@@ -97,7 +97,7 @@ def add_user_run_arguments(run: argparse.ArgumentParser) -> None:
                       help="read options from a TOML file (keys: the long options, '-' or '_'); flags override it")
     view.add_argument("--print-config", action="store_true",
                       help="print the merged configuration as TOML and exit (the run saves it as config.toml in "
-                           "--out)")
+                           "--out; with --resume DIR: the options the resume would run with)")
 
 
 def data_spec(args: argparse.Namespace, *, required: tuple[str, ...], prompt_suffix: str) -> Any:

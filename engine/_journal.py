@@ -2,8 +2,11 @@
 
 ``OUT/`` holds (the data files are described in :mod:`engine.outputs`):
 
-- ``run.json``: the options that define the run (:data:`LOCKED_OPTIONS`), the
-  number of dataset items and a fingerprint of them; written once, atomically.
+- ``run.json``: the options that define the run (:data:`LOCKED_OPTIONS`) and how it
+  executes (:data:`KEPT_OPTIONS`), the number of dataset items and a fingerprint of
+  them; written atomically when the run starts, and again by a ``--resume`` that
+  gives a kept option a new value (it is the run's from then on: ``config.toml``
+  and every later ``--resume`` agree).
 - ``progress.jsonl``: the journal, one JSON object per line, appended and flushed:
 
   - ``{"kind": "segment", "segment": s, "submitted": n, "version": v}``: segment
@@ -61,7 +64,8 @@ LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_si
 
 
 #: Options of how a run executes (not what its episodes mean): saved in ``run.json``
-#: too; ``--resume`` takes them from there unless given again (then the new value wins).
+#: too; ``--resume`` takes them from there unless given again; a value given again wins
+#: and replaces the saved one (:func:`open_run_dir`), for every later ``--resume`` too.
 KEPT_OPTIONS = ("concurrency", "shards", "shard_backend", "shard_timeout", "reward_backend")
 
 
@@ -306,12 +310,23 @@ def _repair(state: RunState) -> None:
                          "the folder was modified; it cannot be resumed")
 
 
+def _keep_options(out: Path, run: dict[str, Any], options: dict[str, Any]) -> None:
+    """Save in ``run.json`` the :data:`KEPT_OPTIONS` a ``--resume`` runs with, when
+    they differ from the saved ones (an option given again on ``--resume``)."""
+    kept = {name: options[name] for name in KEPT_OPTIONS if name in options}
+    saved = run.get("options") or {}
+    if any(name not in saved or saved[name] != value for name, value in kept.items()):
+        write_json_atomic(out / RUN_FILE, {**run, "options": {**saved, **kept}})
+
+
 def open_run_dir(out: Path, options: dict[str, Any], items: list[Any], *, resume: bool) -> RunState:
     """Take the run folder for this process (sync; run it in a thread).
 
     A fresh run writes ``run.json`` and empty outputs; it replaces the outputs of
     a finished run in ``out`` but refuses an unfinished one.  A resumed run checks
-    the dataset fingerprint and repairs the folder to its last commit.
+    the dataset fingerprint, saves the :data:`KEPT_OPTIONS` of ``options`` in
+    ``run.json`` (those given again replace the run's) and repairs the folder to
+    its last commit.
 
     Raises:
         ValueError: ``out`` holds an unfinished run (fresh run), the dataset
@@ -326,6 +341,7 @@ def open_run_dir(out: Path, options: dict[str, Any], items: list[Any], *, resume
             if run.get("fingerprint") != fingerprint(items) or run.get("n_items") != len(items):
                 raise ValueError(f"--resume {out}: the dataset {options.get('dataset')!r} changed since the run "
                                  f"started ({len(items)} items now, {run.get('n_items')} then, or other content)")
+            _keep_options(out, run, options)
             state = read_journal(out)
             _repair(state)
         else:

@@ -36,17 +36,23 @@ async def open_remote_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[
         the servers and what each server reported (for ``summary.json``).
 
     Raises:
-        BackendError: no server became healthy in time, or every server refused access.
+        BackendError: no server became healthy in time, or every server refused access;
+            :class:`~engine.backends.remote.vllm.LogprobsModeError` (worded for the
+            command line) for a vLLM server without ``--logprobs-mode processed_logprobs``.
         InvalidRequestError: the tokenizer cannot be chosen (see the module docstring).
     """
     import trio
 
     from .backends.remote import make_remote_backend
+    from .backends.remote.vllm import LogprobsModeError
 
     backend = make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout,
                                   startup_timeout_s=args.startup_timeout)
     try:
-        await backend.wait_ready()
+        try:
+            await backend.wait_ready()
+        except LogprobsModeError as exc:  # its fix names a Python switch the CLI has not
+            raise exc.with_fix(_CLI_LOGPROBS_FIX) from None
         served = await backend.served_models()
         model, tokenizer = await trio.to_thread.run_sync(choose_tokenizer, args.model, served)
     finally:  # drop the probe's HTTP client (reopened on first use): an idle backend pickles, for --shards
@@ -55,6 +61,12 @@ async def open_remote_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[
     used = {"model": model, "tokenizer": str(getattr(tokenizer, "name_or_path", model)),
             "servers": list(args.server), "served_models": served}
     return tokenizer, backend, used
+
+
+#: How a ``rollout run`` user fixes a vLLM server's logprobs mode (the CLI cannot skip the check).
+_CLI_LOGPROBS_FIX = ("restart the server with --logprobs-mode processed_logprobs and VLLM_SERVER_DEV_MODE=1 "
+                     "(dev mode lets it report its mode on /server_info); rollout run has no option to skip this "
+                     "check")
 
 
 def _load(spec: str) -> Any:

@@ -132,10 +132,15 @@ _RUN_ERROR = "rollout run: error:"  # argparse's prefix for `rollout run`: every
 
 
 def _shard_timeout(text: str) -> float:
-    value = _positive_float(text)
-    if value <= _SHARD_STATS_INTERVAL_S:
-        raise argparse.ArgumentTypeError(f"must be > {_SHARD_STATS_INTERVAL_S} s (a live shard reports every "
-                                         f"{_SHARD_STATS_INTERVAL_S} s), got {text}")
+    """``--shard-timeout``: one message for every bad value (argparse, and ``--config``'s key)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > _SHARD_STATS_INTERVAL_S):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above the shards' statistics interval, {_SHARD_STATS_INTERVAL_S} s "
+            f"(a live shard reports every {_SHARD_STATS_INTERVAL_S} s), got {text}")
     return value
 
 
@@ -211,8 +216,10 @@ def build_parser() -> _Parser:
     run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
     run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
     run.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                     help="continue the interrupted run in DIR (its options are reused; items already done are "
-                          "skipped)")
+                     help="continue the interrupted run in DIR: its options are reused (a different --dataset, "
+                          "--n-samples, ... is refused), items already done are skipped; --concurrency, --shards, "
+                          "--shard-backend, --shard-timeout, --reward-backend given again replace the run's, for "
+                          "this and every later resume")
     run.add_argument("--shard-episodes", type=_positive_int, default=64,
                      help="accepted episodes per trajectory shard, written atomically (default 64)")
     run.add_argument("--commit-interval", type=_positive_float, default=10.0,
@@ -251,13 +258,13 @@ def main(argv: list[str] | None = None) -> int:
 
         args = merge_config_file(build_parser, argv, args)  # --config FILE: flags override it
         configure_logging(args.log_level)
-        if args.print_config:
-            print(dump_config(config_dict(build_parser, args)), end="")
-            return 0
         if args.resume is not None:  # the run's own options, before the workflow and reward are resolved
             from ._journal import resolve_resume_options
 
             resolve_resume_options(args, explicit)
+        if args.print_config:  # (with --resume: what the resume would run)
+            print(dump_config(config_dict(build_parser, args)), end="")
+            return 0
         _check_out(args.out)
         from ._cli_workflow import plan_workflow
 
@@ -276,9 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     out = Path(args.out)
     if summary["exit"] in ("SIGINT", "SIGTERM"):
-        print(f"rollout: interrupted by {summary['exit']}: {summary['items_done']}/{summary['items']} items done, "
-              f"{summary['cancelled']} episodes cancelled or not started; continue with: rollout run --resume {out}",
-              file=sys.stderr)
+        print(_interrupted_line(summary, out), file=sys.stderr)
         return 130 if summary["exit"] == "SIGINT" else 143
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
         print(f"{_RUN_ERROR} {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
@@ -294,6 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: warning: {fallbacks} of {rows} rewards are the timeout fallback (0.0, flagged "
               "reward_is_fallback)", file=sys.stderr)
     return 0
+
+
+def _interrupted_line(summary: dict[str, Any], out: Path) -> str:
+    """The line an interrupted run prints: items done and left, over all its segments
+    (not ``cancelled``, which adds up the episodes every interrupted segment cancelled)."""
+    done, items = summary["items_done"], summary["items"]
+    return (f"rollout: interrupted by {summary['exit']}: {done}/{items} items done, {items - done} left "
+            f"(cancelled or not started); continue with: rollout run --resume {out}")
 
 
 def _done_line(summary: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ the backend's own state (a model-forward counter, the fakes' running requests).
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ import trio
 from engine import BackendError, EngineConfig, MockBackend, ModelRequest, ModelResponse, open_rollout_engine
 from engine.backends.base import WeightSync, validate_response
 from engine.backends.remote import make_remote_backend
+from engine.backends.remote.vllm import LogprobsModeError
 from engine.types import GenerationHyperparameters as G
 from fake_servers import FakeSGLang, FakeVLLM, fake_logprob, fake_tokens, mock_transport
 
@@ -287,6 +289,10 @@ async def test_vllm_client_refuses_servers_without_processed_logprobs(fake, matc
         async with backend.open():  # what open_rollout_engine enters first
             pass  # pragma: no cover
     assert "--logprobs-mode processed_logprobs" in str(info.value)
+    assert "check_logprobs_mode=False" in str(info.value)  # the Python API's way to skip the check
+    assert isinstance(info.value, LogprobsModeError) and info.value.url == URL
+    copy = pickle.loads(pickle.dumps(info.value))  # (a sharded engine's shard sends it whole)
+    assert type(copy) is LogprobsModeError and str(copy) == str(info.value)
     trusting = make_remote_backend("vllm", [URL], transport=mock_transport({URL: fake}), check_logprobs_mode=False)
     async with open_rollout_engine(trusting, reward_pool=reward_pool) as engine:
         assert (await engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=G(max_new_tokens=2)))).output_len == 2

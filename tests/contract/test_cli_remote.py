@@ -22,7 +22,7 @@ import trio
 
 from engine.serve import HTTPResponse, serve_http
 from engine.testing import build_tiny_model
-from fake_servers import FakeSGLang
+from fake_servers import FakeSGLang, FakeVLLM
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -206,3 +206,23 @@ def test_a_remote_run_with_shards_pickles_the_probed_backend(tiny, tmp_path, cap
         code, _, err = _cli([*RUN, "--server", url, "--shards", "2", "--out", str(out)], capsys)
     assert code == 0, err
     assert _strict_json((out / "summary.json").read_text())["accepted"] == 3
+
+
+@pytest.mark.parametrize(("fake", "problem"), [
+    (FakeVLLM(logprobs_mode="raw_logprobs"), "runs --logprobs-mode raw_logprobs"),
+    (FakeVLLM(dev_mode=False), "cannot read the logprobs mode"),
+])
+def test_a_vllm_server_without_processed_logprobs_is_one_line_saying_what_to_do_from_the_cli(
+        fake, problem, tmp_path, capsys):
+    """Regression (new-user trial): the error told a ``rollout run`` user to pass
+    ``check_logprobs_mode=False``, a Python argument the CLI has no flag for."""
+    with serving(fake.handle) as url:
+        code, _, err = _cli([*RUN[:1], "--backend", "vllm", *RUN[3:], "--server", url, "--out", str(tmp_path / "o")],
+                            capsys)
+    lines = _error_lines(err)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("rollout run: error: vllm backend: "), err
+    assert problem in lines[0]
+    assert "restart the server with --logprobs-mode processed_logprobs and VLLM_SERVER_DEV_MODE=1" in lines[0]
+    assert "rollout run has no option to skip this check" in lines[0]
+    assert "check_logprobs_mode" not in lines[0]
+    assert fake.generate_calls == []  # refused before any request

@@ -26,12 +26,8 @@ from engine.cli import _explicit_options, build_parser
     ("args", "message"),
     [
         (["--backend", "vllm"], "--backend vllm needs at least one --server URL"),
-        (["--backend", "hf", "--shards", "2"], "--shards: --backend hf loads the model in this process"),
         (["--max-head-offpolicyness", "1"], "--max-head-offpolicyness needs --consumer-batch-size"),
         (["--shard-timeout", "5"], "--shard-timeout applies to --shards N"),
-        (["--shards", "2", "--shard-timeout", "0"], "argument --shard-timeout: must be > 0"),
-        (["--shards", "2", "--shard-timeout", "0.5"], "argument --shard-timeout: must be > 0.5 s"),
-        (["--shards", "2", "--shard-timeout", "soon"], "argument --shard-timeout: expected a number, got 'soon'"),
         (["--sim-text", ""], "--sim-text: must not be empty"),
         (["--out", "{file}"], "is a file, not a folder"),
         (["--n-samples", "0"], "argument --n-samples: must be >= 1"),
@@ -48,6 +44,26 @@ def test_option_errors_are_one_line_with_argparse_s_prefix(args, message, tmp_pa
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rollout run: error: ") and message in lines[0], err
+
+
+SHARD_TIMEOUT_RULE = ("must be a number of seconds above the shards' statistics interval, 0.5 s (a live shard "
+                      "reports every 0.5 s), got ")
+
+
+@pytest.mark.parametrize(("value", "toml"), [("-1", "-1"), ("0", "0"), ("0.5", "0.5"), ("0.25", "0.25"),
+                                             ("soon", '"soon"'), ("inf", "inf"), ("nan", "nan")])
+def test_every_bad_shard_timeout_gets_the_one_message_with_the_real_rule(value, toml, tmp_path, capsys):
+    """Regression (new-user trial): -1 said ">= 0", 0 said "> 0" and 0.5 said "> 0.5 s";
+    the rule is one: a number above the shards' statistics interval (0.5 s)."""
+    common = ["run", "--backend", "sim", "--shards", "2", "--quiet", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli([*common, "--shard-timeout", value], capsys)
+    assert code == 2 and err == f"rollout run: error: argument --shard-timeout: {SHARD_TIMEOUT_RULE}{value}\n", err
+    config = tmp_path / "run.toml"
+    config.write_text(f"shard_timeout = {toml}\n")
+    code, _, err = run_cli([*common, "--config", str(config)], capsys)
+    assert code == 2 and err == f"rollout run: error: --config {config}: key 'shard_timeout': {SHARD_TIMEOUT_RULE}" \
+        f"{value}\n", err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(

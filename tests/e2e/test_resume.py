@@ -171,6 +171,9 @@ def test_sigterm_at_random_points_then_resume_gives_each_item_exactly_once(forks
             assert len(err.strip().splitlines()) == 1 and "SIGTERM" in err and f"--resume {out}" in err, err
             summary = _check_consistent(out, n_items, final=False)
             assert summary["exit"] == "SIGTERM" and summary["in_progress"] == 0
+            # items left, not the episodes every interrupted segment cancelled (summed: > items left)
+            done = summary["items_done"]
+            assert f"{done}/{n_items} items done, {n_items - done} left (cancelled or not started)" in err, err
         else:
             assert rc == 0, (rc, err)
     assert interrupted >= 15, f"only {interrupted} of 20 runs were interrupted mid-run"
@@ -183,6 +186,12 @@ def test_sigterm_at_random_points_then_resume_gives_each_item_exactly_once(forks
     summary = _check_consistent(out, n_items, final=True)
     assert summary["cancelled"] > 0 and summary["lost"] == 0, summary["segments"]
     assert len(summary["segments"]) == segments
+    # the done line: accepted of all submissions, the repeats named; the others are one per item
+    again = summary["cancelled"] + summary["lost"]
+    printed = (forkserver.logs / f"{forkserver.n}.out").read_text()
+    assert (f"{summary['accepted']}/{summary['submitted']} episodes accepted ({again} submitted again after an "
+            "interruption)") in printed, printed
+    assert summary["submitted"] - again == n_items
 
 
 @pytest.mark.slow

@@ -35,3 +35,17 @@ def test_no_lost_no_note() -> None:
 def test_the_note_does_not_say_interrupted_of_episodes_that_never_started() -> None:
     line = _done_line({**BASE, "submitted": 40, "lost": 0, "cancelled": 8})  # queued when SIGINT came
     assert "interrupted and run again" not in line and "(8 submitted again after an interruption)" in line
+
+
+def test_the_interrupt_line_counts_the_items_left_not_the_episodes_cancelled_over_segments() -> None:
+    """Regression (new-user trial): after a second Ctrl-C of an 80-item run the line read
+    "31/80 items done, 106 episodes cancelled or not started": ``cancelled`` adds up every
+    interrupted segment's episodes, while 49 items were left for ``--resume``."""
+    from pathlib import Path
+
+    from engine.cli import _interrupted_line
+
+    summary = {"exit": "SIGINT", "items": 80, "items_done": 31, "submitted": 136, "cancelled": 106, "lost": 0}
+    line = _interrupted_line(summary, Path("h2"))
+    assert line == ("rollout: interrupted by SIGINT: 31/80 items done, 49 left (cancelled or not started); "
+                    "continue with: rollout run --resume h2")

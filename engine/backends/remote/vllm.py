@@ -20,8 +20,8 @@ only when the server runs with ``--logprobs-mode processed_logprobs`` (its defau
 ``raw_logprobs``, is before all of them; SERVERS_AND_MODELS.md §6).  At start-up the backend
 reads each healthy server's mode from ``GET /server_info?config_format=json``
 (``vllm_config.model_config.logprobs_mode``; dev mode) and refuses to start with a server
-that runs another mode, or that does not say (``check_logprobs_mode=False`` trusts the
-servers instead).  Mixing raw and processed logprobs would silently change the numbers a PPO
+that runs another mode, or that does not say (:class:`LogprobsModeError`;
+``check_logprobs_mode=False`` trusts the servers instead).  Mixing raw and processed logprobs would silently change the numbers a PPO
 ratio is built from.
 
 Abort: ``POST /abort_requests {"request_ids": ["cmpl-<request_id>-0"]}`` (the engine's
@@ -72,11 +72,43 @@ from ._errors import RemoteCallError
 from ._routing import Server
 from ._wire import ParsedGeneration, WireCall, WireProtocol
 
-__all__ = ["PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id",
+__all__ = ["LogprobsModeError", "PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id",
            "vllm_worker_dir"]
 
 #: the server's ``--logprobs-mode`` that gives this package's logprob semantics
 PROCESSED_LOGPROBS_MODE = "processed_logprobs"
+
+
+
+class LogprobsModeError(BackendError):
+    """A vLLM server does not run ``--logprobs-mode processed_logprobs``, or does not say
+    (raised at start-up when ``check_logprobs_mode`` is on).
+
+    The message is ``problem`` then ``fix``; ``fix`` defaults to :data:`PYTHON_FIX` (how
+    to fix it from the Python API).  A front end without the ``check_logprobs_mode``
+    switch (``rollout run``) words its own with :meth:`with_fix`.
+
+    Attributes:
+        url: the server's base URL.
+        problem: what is wrong, without the fix.
+    """
+
+    #: the fix, from the Python API (the servers, or ``check_logprobs_mode=False``)
+    PYTHON_FIX = (f"restart it with --logprobs-mode {PROCESSED_LOGPROBS_MODE} and VLLM_SERVER_DEV_MODE=1, or pass "
+                  "check_logprobs_mode=False (make_remote_backend / VLLMBackend) if every server already runs "
+                  "that mode")
+
+    def __init__(self, url: str, problem: str, fix: str | None = None) -> None:
+        self.url, self.problem, self.fix = url, problem, self.PYTHON_FIX if fix is None else fix
+        super().__init__(f"{problem}: {self.fix}")
+
+    def __reduce__(self) -> Any:  # (crosses process boundaries whole: sharded engines)
+        return type(self), (self.url, self.problem, self.fix)
+
+    def with_fix(self, fix: str) -> LogprobsModeError:
+        """The same error with another ``fix`` (the end of the message)."""
+        return type(self)(self.url, self.problem, fix)
+
 
 #: ``--worker-extension-cls`` value of this package's vLLM worker extension (importable by the
 #: server once :func:`vllm_worker_dir` is on its ``PYTHONPATH``)
@@ -223,19 +255,17 @@ class VLLMBackend(RemoteBackend):
                 await self._check_logprobs_mode(server.url)
 
     async def _check_logprobs_mode(self, url: str) -> None:
-        """Raise :class:`BackendError` unless ``url`` reports ``processed_logprobs``."""
-        fix = (f"start it with --logprobs-mode {PROCESSED_LOGPROBS_MODE} and VLLM_SERVER_DEV_MODE=1, or pass "
-               "check_logprobs_mode=False if every server already runs that mode")
+        """Raise :class:`LogprobsModeError` unless ``url`` reports ``processed_logprobs``."""
         try:
             info = await self.call(url, "GET", "/server_info", params={"config_format": "json"},
                                    timeout_s=self.timeouts.health_timeout_s)
             mode = info["vllm_config"]["model_config"]["logprobs_mode"]
         except (RemoteCallError, TypeError, KeyError) as exc:
-            raise BackendError(f"vllm backend: cannot read the logprobs mode of {url} from /server_info ({exc}); "
-                               f"this package reports processed logprobs: {fix}") from None
+            raise LogprobsModeError(url, f"vllm backend: cannot read the logprobs mode of {url} from /server_info "
+                                         f"({exc}); this package reports processed logprobs") from None
         if mode != PROCESSED_LOGPROBS_MODE:
-            raise BackendError(f"vllm backend: {url} runs --logprobs-mode {mode}, but this package reports "
-                               f"processed logprobs (after temperature, top-k, top-p): {fix}")
+            raise LogprobsModeError(url, f"vllm backend: {url} runs --logprobs-mode {mode}, but this package reports "
+                                         "processed logprobs (after temperature, top-k, top-p)")
 
     async def pause(self, mode: str = "abort") -> None:
         with _dev_mode_hint():

@@ -200,7 +200,7 @@ def resolve_reward_fn(reward_fn: Any) -> Any:
         return reward_fn  # runs in-process: never pickled
     import pickle
 
-    from rewards._pickling import dumps
+    from ._portable import dumps
 
     try:
         pickle.loads(dumps(reward_fn))

@@ -16,20 +16,14 @@
 from __future__ import annotations
 
 import inspect
-import pickle
 import types
-from pickle import HIGHEST_PROTOCOL
 from typing import Any
 
+from engine._portable import dumps
 from engine.errors import RewardError
 
 from . import _worker
 from ._actor import RewardActor
-
-try:  # mirror trio-parallel: cloudpickle when installed (lambdas, __main__), else pickle
-    from cloudpickle import dumps as _cloud_dumps
-except ImportError:  # pragma: no cover - cloudpickle comes with tensordict
-    from pickle import dumps as _cloud_dumps
 
 __all__ = ["check_picklable", "check_signature", "describe_fn", "dumps", "is_async", "pickle_job", "reward_data"]
 
@@ -43,19 +37,6 @@ _HOW_TO_FIX = (
     "create a RewardActor's unpicklable state in setup(), "
     "or use an 'async def' reward function, which runs in-process"
 )
-
-
-def dumps(obj: Any, protocol: int = HIGHEST_PROTOCOL) -> bytes:
-    """Pickle ``obj`` for a worker: plain pickle (twice as fast) when it can do
-    it without naming ``__main__``, else cloudpickle (by value: lambdas, nested
-    functions, things defined in ``__main__``)."""
-    try:
-        data = pickle.dumps(obj, protocol=protocol)
-    except Exception:
-        return _cloud_dumps(obj, protocol=protocol)
-    if b"__main__" in data:  # a spawn worker may have no such module to load it from
-        return _cloud_dumps(obj, protocol=protocol)
-    return data
 
 
 def reward_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from ..backends.base import BackendStatistics
 from ..errors import RolloutError, WorkflowError
 from ..executor import EngineConfig, EngineStatistics, EpisodeResult, RolloutEngine
 from ._protocol import decode_results
+from .._portable import dumps
 from ._statistics import AdmissionRecord, ShardStatistics, merge_statistics
 from ._weights import update_shared_weights, weights_error
 
@@ -172,7 +173,7 @@ class ShardedRolloutEngine(RolloutEngine):
             self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
             for p in state["pending"]:
                 try:
-                    pickle.dumps(p["data"], protocol=5)
+                    dumps(p["data"])
                 except Exception as exc:
                     raise ValueError(f"load_state_dict: the data of pending task {p['task_id']} cannot be pickled, "
                                      f"and a sharded engine sends each item to a shard process: {exc}") from exc
@@ -192,7 +193,7 @@ class ShardedRolloutEngine(RolloutEngine):
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         key = self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
         try:
-            blob = pickle.dumps(data, protocol=5)
+            blob = dumps(data)  # (by value when it names __main__: the shard's __main__ is not the user's)
         except Exception as exc:
             raise ValueError(f"submit: data ({type(data).__name__}) cannot be pickled, and a sharded engine sends "
                              f"each item to a shard process: {exc}") from exc
@@ -215,11 +216,11 @@ class ShardedRolloutEngine(RolloutEngine):
         entry = self._specs.get((id(workflow), id(should_accept_fn)))
         if entry is None or entry[2] is not workflow or entry[3] is not should_accept_fn:
             try:
-                blob = pickle.dumps((workflow, should_accept_fn), protocol=5)
+                blob = dumps((workflow, should_accept_fn))  # (a class of the user's script travels by value)
             except Exception as exc:
                 culprit = f"the workflow ({type(workflow).__name__})"
                 try:
-                    pickle.dumps(workflow, protocol=5)
+                    dumps(workflow)
                 except Exception:
                     pass
                 else:  # the workflow pickles: the filter is what cannot

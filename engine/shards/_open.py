@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from .._gc import gc_tuned
+from .._portable import dumps
 from ..dump import TrajectoryDumper
 from ..errors import unwrap_single
 from ..executor import EngineConfig
@@ -118,15 +119,15 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             shard_timeout_s, (int, float)) or not stats_interval_s < shard_timeout_s):
         raise ValueError(f"shard_timeout_s must be None or a number > stats_interval_s ({stats_interval_s}), "
                          f"got {shard_timeout_s!r}")
-    try:
-        pickle.dumps(backend, protocol=5)
+    try:  # sent as bytes: a factory defined in the caller's script travels by value
+        backend_spec = dumps(backend)
     except Exception as exc:
         raise ValueError(f"open_sharded_engine: backend ({type(backend).__name__}) cannot be pickled, and each "
                          f"shard needs its own copy; pass a picklable factory instead: {exc}") from exc
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
     # the shard processes are ours, not the caller's: their GC is tuned unless told otherwise
     shard_config = replace(config, gc_tuning=True) if shard_gc_tuning and kind != "inline" else config
-    init = {"config": shard_config, "backend": backend, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
+    init = {"config": shard_config, "backend": backend_spec, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
             "frame_interval_s": frame_interval_s, "options": {"track_episodes": track_episodes}}
     options = {"kind": kind, "ray_address": ray_address, "ray_num_cpus": ray_num_cpus, "shards": shards,
                "start_timeout_s": start_timeout_s, "shard_timeout_s": shard_timeout_s, "config": config}

@@ -69,7 +69,8 @@ def dumps(obj: Any) -> bytes:
 @dataclass(frozen=True)
 class ShardInit:
     """What a shard needs to start: its index, the engine settings it runs with, and a
-    picklable backend spec (an unopened backend or a zero-argument factory)."""
+    backend spec (an unopened backend or a zero-argument factory), pickled to bytes by
+    :func:`engine._portable.dumps` (by value when it comes from the caller's script)."""
 
     index: int
     config: Any  # EngineConfig (the coordinator's; the shard derives its own: shard_engine_config)

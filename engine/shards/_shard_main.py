@@ -84,7 +84,7 @@ async def run_shard(channel: Channel) -> None:
         raise RuntimeError(f"engine shard: expected an init message first, got {first!r:.200}")
     init: ShardInit = first[0][1]
     SHARD_INDEX.set(init.index)  # (this task's context: inline shards share a process, each its own task)
-    backend = build_backend(init.backend)
+    backend = build_backend(_loads(init.backend) if isinstance(init.backend, bytes) else init.backend)
     async with open_rollout_engine(backend, shard_engine_config(init.config), tokenizer=init.tokenizer) as engine:
         workflows: dict[int, tuple[Any, Any]] = {}
         outbox: list[Any] = []

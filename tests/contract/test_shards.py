@@ -453,3 +453,59 @@ async def test_shards_failing_to_start_together_are_one_error_naming_each(monkey
         nursery.start_soon(open_it)
         await trio.testing.wait_all_tasks_blocked()
         together.set()
+
+
+_MAIN_SCRIPT = '''
+import torch
+import trio
+
+from engine import EngineConfig, ModelRequest, SimBackend, SimConfig
+from engine.data import trajectory_from_response
+from engine.shards import open_sharded_engine, shard_index
+from engine.types import GenerationHyperparameters
+from workflows import RolloutWorkflow
+
+torch.set_num_threads(1)
+
+
+class MainWF(RolloutWorkflow):  # defined in the user's script: pickles as __main__.MainWF
+    async def arun_episode(self, engine, data):
+        resp = await engine.agenerate(ModelRequest(input_ids=[1, 2, 3 + data["i"]],
+                                                   gconfig=GenerationHyperparameters(max_new_tokens=2)))
+        return trajectory_from_response(resp, float(shard_index()))
+
+
+def factory():  # the backend factory, also in __main__
+    return SimBackend(SimConfig(vocab_size=64, eos_token_id=0, first_token_id=1, out_len_median=2,
+                                out_len_sigma=0.0))
+
+
+async def main():
+    async with open_sharded_engine(factory, EngineConfig(), shards=2) as engine:
+        for i in range(6):
+            engine.submit({"i": i}, MainWF(), should_accept_fn=lambda traj: True)
+        results = await engine.wait_results(6)
+    print("STATUSES", sorted(str(r.status) for r in results), sorted({float(r.trajectory["rewards"][0]) for r in results}))
+
+
+trio.run(main)
+'''
+
+
+def test_a_workflow_filter_and_factory_defined_in_the_user_script_run_in_process_shards(tmp_path):
+    """Regression (new-user trial): a workflow class defined in the script being run
+    (``__main__``) was pickled by reference, and every shard process (whose
+    ``__main__`` is engine.shards._shard_main) died loading it: ShardsDiedError.
+    Such objects now travel by value (cloudpickle), as rewards do."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(_MAIN_SCRIPT)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STATUSES ['accepted', 'accepted', 'accepted', 'accepted', 'accepted', 'accepted'] [0.0, 1.0]" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

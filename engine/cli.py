@@ -213,7 +213,8 @@ def build_parser() -> _Parser:
                      help="with --shards: a shard that sends nothing for this many seconds (stopped, deadlocked, "
                           "its loop blocked; a live one reports every 0.5 s) is killed and its episodes run again "
                           "on the other shards (default: never)")
-    run.add_argument("--torch-threads", type=_positive_int, default=None, help="torch intra-op threads")
+    run.add_argument("--torch-threads", type=_positive_int, default=None,
+                     help="torch intra-op threads (with --shards: in each shard process; default there 1)")
     run.add_argument("--quiet", action="store_true", help="no live view, no progress lines")
     run.add_argument("--resume", type=Path, default=None, metavar="DIR",
                      help="continue the interrupted run in DIR: its options are reused (a different --dataset, "
@@ -558,7 +559,8 @@ def _open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer:
     return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
                                ray_address=args.ray_address if args.shard_backend == "ray" else None,
                                tokenizer=tokenizer, stats_interval_s=_SHARD_STATS_INTERVAL_S,
-                               shard_timeout_s=args.shard_timeout, track_episodes=_STRAGGLERS)
+                               shard_timeout_s=args.shard_timeout, track_episodes=_STRAGGLERS,
+                               torch_threads=args.torch_threads)
 
 
 async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:

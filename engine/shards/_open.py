@@ -39,6 +39,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
                               stats_interval_s: float = 0.5, frame_interval_s: float = 0.005,
                               ray_num_cpus: float = 1.0, shard_timeout_s: float | None = None,
                               shard_gc_tuning: bool = True, track_episodes: int = 0,
+                              torch_threads: int | None = None,
                               record_admissions: bool = False) -> AsyncIterator[ShardedRolloutEngine]:
     """Open a :class:`~engine.shards.ShardedRolloutEngine`: ``shards`` engine processes,
     each with its own trio loop, backend client and reward pool (the ``reward_*``
@@ -91,6 +92,11 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             ``track_episodes`` longest running with its statistics, for
             :meth:`ShardedRolloutEngine.longest_running` (the live view's
             stragglers; ``rollout run --shards`` sets 5).  0 (the default): not tracked.
+        torch_threads: ``torch.set_num_threads`` in each shard *process* (an ``hf``
+            backend's CPU threads).  None (the default): 1, or the
+            ``ROLLOUT_SHARD_TORCH_THREADS`` environment variable (N shards on one
+            machine should not each take every core).  Inline shards run in the
+            caller's process and leave it alone.
         record_admissions: keep an :class:`~engine.shards.AdmissionRecord` per
             admission in ``engine.admission_log`` (tests, audits; memory grows).
 
@@ -108,6 +114,9 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     kind = shard_backend or ("ray" if ray_address is not None else "process")
     if kind not in SHARD_BACKENDS:
         raise ValueError(f"shard_backend must be one of {SHARD_BACKENDS}, got {shard_backend!r}")
+    if torch_threads is not None and (isinstance(torch_threads, bool) or not isinstance(torch_threads, int)
+                                      or torch_threads < 1):
+        raise ValueError(f"torch_threads must be None or an int >= 1, got {torch_threads!r}")
     if isinstance(track_episodes, bool) or not isinstance(track_episodes, int) or track_episodes < 0:
         raise ValueError(f"track_episodes must be an int >= 0, got {track_episodes!r}")
     if max_reruns < 0:
@@ -128,7 +137,9 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     # the shard processes are ours, not the caller's: their GC is tuned unless told otherwise
     shard_config = replace(config, gc_tuning=True) if shard_gc_tuning and kind != "inline" else config
     init = {"config": shard_config, "backend": backend_spec, "tokenizer": tokenizer, "stats_interval_s": stats_interval_s,
-            "frame_interval_s": frame_interval_s, "options": {"track_episodes": track_episodes}}
+            "frame_interval_s": frame_interval_s,
+            "options": {"track_episodes": track_episodes,
+                        "torch_threads": torch_threads if kind != "inline" else None}}
     options = {"kind": kind, "ray_address": ray_address, "ray_num_cpus": ray_num_cpus, "shards": shards,
                "start_timeout_s": start_timeout_s, "shard_timeout_s": shard_timeout_s, "config": config}
     try:
@@ -161,6 +172,7 @@ async def _open(init: dict[str, Any], options: dict[str, Any], dumper: Trajector
                     for shard in shards:
                         nursery.start_soon(engine._serve_shard, shard, name=f"engine-shard-{shard.index}")
                     nursery.start_soon(engine._admit_forever, name="admission")
+                    await engine.refresh_statistics()  # statistics() has the shards' figures (and types) at once
                     try:
                         yield engine
                     finally:

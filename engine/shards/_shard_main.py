@@ -83,6 +83,10 @@ async def run_shard(channel: Channel) -> None:
     if not first or first[0][0] != "init":
         raise RuntimeError(f"engine shard: expected an init message first, got {first!r:.200}")
     init: ShardInit = first[0][1]
+    if init.options.get("torch_threads"):  # (process and Ray shards only: ours)
+        import torch
+
+        torch.set_num_threads(init.options["torch_threads"])
     SHARD_INDEX.set(init.index)  # (this task's context: inline shards share a process, each its own task)
     backend = build_backend(_loads(init.backend) if isinstance(init.backend, bytes) else init.backend)
     async with open_rollout_engine(backend, shard_engine_config(init.config), tokenizer=init.tokenizer) as engine:
@@ -239,8 +243,10 @@ def _coordinator_gone(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Process entry point: ``READ_FD WRITE_FD`` (inherited pipe ends)."""
     argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=os.environ.get("ROLLOUT_SHARD_LOG_LEVEL", "WARNING"),
-                        format="shard %(process)d %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("ROLLOUT_SHARD_LOG_LEVEL", "WARNING"),  # (the coordinator's format)
+                        format="%(levelname)s %(asctime)s shard pid %(process)d %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # one "Loading weights" bar per shard: none
     import torch
 
     torch.set_num_threads(int(os.environ.get("ROLLOUT_SHARD_TORCH_THREADS", "1")))

@@ -128,17 +128,31 @@ async def test_the_last_shard_dying_fails_every_episode_once_and_raises(autojump
 
 
 async def test_unpicklable_workflow_or_data_is_refused_at_submit(autojump_clock):
-    class Local(Echo):  # defined in a function: cannot be pickled by reference
-        pass
+    import threading
+
+    class Locked(Echo):  # holds a lock: neither pickle nor cloudpickle can send it
+        def __init__(self):
+            super().__init__()
+            self.lock = threading.Lock()
+
+    class LockedFilter:
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def __call__(self, traj):
+            return True
 
     async with open_sharded_engine(sim(), EngineConfig(), shards=1, shard_backend="inline") as engine:
-        with pytest.raises(WorkflowError, match=r"the workflow \(Local\) cannot be pickled"):
-            engine.submit({}, Local())
-        with pytest.raises(WorkflowError, match=r"should_accept_fn \(.*<lambda>\) cannot be pickled"):
-            engine.submit({}, Echo(), should_accept_fn=lambda traj: True)  # (only the filter fails: it is named)
+        with pytest.raises(WorkflowError, match=r"the workflow \(Locked\) cannot be pickled"):
+            engine.submit({}, Locked())
+        with pytest.raises(WorkflowError, match=r"should_accept_fn \(.*LockedFilter\) cannot be pickled"):
+            engine.submit({}, Echo(), should_accept_fn=LockedFilter())  # (only the filter fails: it is named)
         with pytest.raises(ValueError, match="data .* cannot be pickled"):
-            engine.submit({"fn": lambda: 0}, Echo())
+            engine.submit({"lock": threading.Lock()}, Echo())
         assert engine.statistics().submitted == 0
+        # a lambda filter and a class defined in a function travel by value (cloudpickle): accepted
+        engine.submit({}, type("Local", (Echo,), {})(), should_accept_fn=lambda traj: True)
+        assert [r.status for r in await engine.wait_results(1)] == ["accepted"]
 
 
 def test_bad_options_name_the_field():
@@ -509,3 +523,37 @@ def test_a_workflow_filter_and_factory_defined_in_the_user_script_run_in_process
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STATUSES ['accepted', 'accepted', 'accepted', 'accepted', 'accepted', 'accepted'] [0.0, 1.0]" in proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+async def test_torch_threads_reach_the_shard_processes(threads):
+    """Regression (new-user trial): rollout run --torch-threads was ignored in shards
+    (each shard process set 1 thread whatever the flag)."""
+    import torch
+
+    from shard_fixtures import ThreadsProbe
+
+    mine = torch.get_num_threads()
+    async with open_sharded_engine(sim(), EngineConfig(), shards=2, torch_threads=threads) as engine:
+        for i in range(4):
+            engine.submit({"i": i}, ThreadsProbe())
+        results = await engine.wait_results(4)
+    assert {int(r.trajectory["torch_threads"][0]) for r in results} == {threads or 1}
+    assert torch.get_num_threads() == mine  # (this process: untouched)
+    with pytest.raises(ValueError, match="torch_threads"):
+        async with open_sharded_engine(sim(), EngineConfig(), shards=1, torch_threads=0):
+            pass
+
+
+async def test_statistics_have_the_single_engine_s_types_right_after_opening(autojump_clock):
+    """Regression (new-user trial): before the shards' first snapshot, statistics().rewards
+    was None and .backend a BackendStatistics(kind="sharded"), where a single engine
+    reports its pool's and its backend's at once."""
+    from engine import open_rollout_engine
+
+    async with open_rollout_engine(sim(), EngineConfig()) as single:
+        expected = type(single.statistics().rewards), type(single.statistics().backend)
+    async with open_sharded_engine(sim(), EngineConfig(), shards=2, shard_backend="inline",
+                                   stats_interval_s=600.0) as engine:
+        s = engine.statistics()
+        assert (type(s.rewards), type(s.backend)) == expected and s.backend.kind == "sim"

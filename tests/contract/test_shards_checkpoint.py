@@ -123,8 +123,12 @@ async def test_load_state_dict_refuses_what_it_cannot_restore_before_loading_any
         with pytest.raises(ValueError, match="fresh engine; this one has submitted 2"):
             a.load_state_dict(state, Echo())
 
-    class Local(Echo):  # defined in a function: cannot be pickled by reference
-        pass
+    import threading
+
+    class Locked(Echo):  # holds a lock: neither pickle nor cloudpickle can send it
+        def __init__(self):
+            super().__init__()
+            self.lock = threading.Lock()
 
     async with open_sharded_engine(sim(1.0), EngineConfig(), shards=2, shard_backend="inline") as b:
         with pytest.raises(ValueError, match="holds 2 queued or running episodes; pass the workflow"):
@@ -134,8 +138,8 @@ async def test_load_state_dict_refuses_what_it_cannot_restore_before_loading_any
         with pytest.raises(ValueError, match="data_position must be a DataStream state"):
             b.load_state_dict({**state, "data_position": {"epoch": 1}}, Echo())
         with pytest.raises(WorkflowError, match="cannot be pickled"):
-            b.load_state_dict(state, Local())
-        unpicklable = {**state, "pending": [*state["pending"], {"task_id": 5, "data": {"fn": lambda: 0},
+            b.load_state_dict(state, Locked())
+        unpicklable = {**state, "pending": [*state["pending"], {"task_id": 5, "data": {"lock": threading.Lock()},
                                                                  "group_size": 1}]}
         with pytest.raises(ValueError, match="data of pending task 5 cannot be pickled"):
             b.load_state_dict(unpicklable, Echo())

@@ -60,6 +60,8 @@ from typing import Any, NoReturn
 
 import trio
 
+from ._cli_backend import SHARD_STATS_INTERVAL_S as _SHARD_STATS_INTERVAL_S
+from ._cli_backend import open_engine, setup_backend
 from .errors import RolloutError
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -124,10 +126,6 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-#: How often a shard sends its statistics (open_sharded_engine's stats_interval_s): a
-#: live shard is never silent longer, so --shard-timeout must exceed it.
-_SHARD_STATS_INTERVAL_S = 0.5
-_STRAGGLERS = 5  # longest-running episodes each shard reports for the live view (RunMonitor top)
 _RUN_ERROR = "rollout run: error:"  # argparse's prefix for `rollout run`: every error line of the run has it
 
 
@@ -373,55 +371,6 @@ def _load_items(args: argparse.Namespace) -> Any:
     return load_items(data_spec(args, required=required, prompt_suffix=reward_prompt_hint(args.reward)))
 
 
-def _tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Load the tokenizer and build the backend named by ``--backend``."""
-    import torch
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from .models import resolve_model
-
-    hf_logging.disable_progress_bar()  # ours is the only progress bar
-
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    torch.manual_seed(args.seed)
-    if args.backend == "hf":
-        from .backends.hf import HFBackend
-
-        path = resolve_model(args.model)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if args.shards:  # each shard process loads its own copy (an HFBackend cannot be pickled)
-            from .backends.hf import HFBackendFactory
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # more than one: a GPU per shard
-            return tokenizer, HFBackendFactory(path, devices=[f"cuda:{i}" for i in range(gpus)] if gpus > 1 else None,
-                                               max_batch_size=args.concurrency)
-        return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
-    if args.model is None:
-        from .testing import build_tiny_tokenizer
-
-        tokenizer = build_tiny_tokenizer()
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-    from ._cli_options import sim_backend
-
-    return tokenizer, sim_backend(args, tokenizer)  # --sim-* options
-
-
-async def _setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
-    """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
-    if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
-        from ._served import open_remote_backend
-
-        return await open_remote_backend(args)
-    tokenizer, backend = await trio.to_thread.run_sync(_tokenizer_and_backend, args)
-    model = args.model or ("builtin:smollm2" if args.backend == "hf" else None)
-    name = getattr(tokenizer, "name_or_path", None)
-    return tokenizer, backend, {"model": model, "tokenizer": str(name) if name else "builtin:tiny-tokenizer",
-                                "servers": []}
-
-
 def _load_processor(args: argparse.Namespace) -> Any:
     """The multimodal processor of ``--model`` (for workflows that take ``processor=``)."""
     from workflows.vision_rlvr import load_vision_processor
@@ -506,11 +455,11 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                 if todo:
                     with stop:
                         start = time.perf_counter()
-                        tokenizer, backend, used = await _setup_backend(args)
+                        tokenizer, backend, used = await setup_backend(args)
                         writer.tokenizer = tokenizer
                         static.update(used, logprob_semantics=backend.logprob_semantics)
                         workflow, config = await _workflow_and_config(args, tokenizer)
-                        async with _open_engine(args, backend, config, tokenizer) as engine:
+                        async with open_engine(args, backend, config, tokenizer) as engine:
                             static["startup_seconds"] = time.perf_counter() - start  # model load, servers
                             if engine.reward_pool is not None:  # (shards: each has its own pool)
                                 await engine.reward_pool.check_reward_fn(args.workflow_plan.reward_fn,
@@ -546,21 +495,6 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
     if error is not None:
         raise error
     return writer.summary
-
-
-def _open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: Any) -> Any:
-    """``open_rollout_engine``, or with ``--shards N`` ``open_sharded_engine``."""
-    if not args.shards:
-        from .executor import open_rollout_engine
-
-        return open_rollout_engine(backend, config, tokenizer=tokenizer)
-    from .shards import open_sharded_engine
-
-    return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
-                               ray_address=args.ray_address if args.shard_backend == "ray" else None,
-                               tokenizer=tokenizer, stats_interval_s=_SHARD_STATS_INTERVAL_S,
-                               shard_timeout_s=args.shard_timeout, track_episodes=_STRAGGLERS,
-                               torch_threads=args.torch_threads)
 
 
 async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any]:

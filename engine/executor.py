@@ -517,10 +517,8 @@ class RolloutEngine:
             f"{where}: stopped submitting: {trip.describe()}; fix the cause and call {where} again", trip)
 
     def longest_running(self, top: int) -> tuple[Any, ...] | None:
-        """The ``top`` longest-running episodes as ``engine.monitor.EpisodeTiming``,
-        when this engine times them itself; None here: in one process
-        :meth:`engine.monitor.RunMonitor.track` does (a sharded engine returns its
-        shards' figures)."""
+        """None: one engine does not time its episodes (``RunMonitor.track`` does); a
+        sharded engine returns its shards' ``top`` longest (``EpisodeTiming``)."""
         return None
 
     def statistics(self) -> EngineStatistics:

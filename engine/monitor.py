@@ -24,32 +24,15 @@ from __future__ import annotations
 import collections
 import json
 from dataclasses import asdict, dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import trio
 
+from ._tracker import EpisodeTiming, EpisodeTracker
+
 __all__ = ["EpisodeTiming", "EpisodeTracker", "RunMonitor", "RunSnapshot"]
 
 _RATE_WINDOW_S = 10.0  # tokens/s is measured over this many recent seconds
-
-
-@dataclass(frozen=True)
-class EpisodeTiming:
-    """One episode as the monitor saw it.
-
-    Attributes:
-        task_id: the engine's id.
-        seconds: running time so far (in flight) or in all (ended).
-        tokens: generated tokens so far (requests that returned) or in all.
-        requests: generation requests that returned / in flight now.
-    """
-
-    task_id: int
-    seconds: float
-    tokens: int
-    requests: int = 0
-    requests_in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,105 +91,6 @@ class RunSnapshot:
     @property
     def ended(self) -> int:
         return self.accepted + self.rejected + self.failed
-
-
-@dataclass
-class _Live:
-    start: float
-    members: int = 0
-    tokens: int = 0
-    requests: int = 0
-    in_flight: int = 0
-
-
-class _EngineView:
-    """The engine as a tracked episode sees it: ``agenerate`` counts tokens."""
-
-    def __init__(self, engine: Any, live: _Live) -> None:
-        self._engine = engine
-        self._live = live
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    async def agenerate(self, req: Any) -> Any:
-        live = self._live
-        live.in_flight += 1
-        try:
-            resp = await self._engine.agenerate(req)
-        finally:
-            live.in_flight -= 1
-        live.requests += 1
-        live.tokens += len(resp.output_tokens)
-        return resp
-
-
-class _TrackedWorkflow:
-    """``arun_episode`` of the wrapped workflow, seen by a tracker."""
-
-    def __init__(self, inner: Any, tracker: EpisodeTracker) -> None:
-        self._inner = inner
-        self._tracker = tracker
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def arun_episode(self, engine: Any, data: Any) -> Any:
-        from .episode_context import episode_id
-
-        task_id = episode_id.get()
-        if task_id is None:  # not inside an engine episode: nothing to attribute
-            return await self._inner.arun_episode(engine, data)
-        live = self._tracker._episode_started(task_id)
-        try:
-            return await self._inner.arun_episode(_EngineView(engine, live), data)
-        finally:
-            self._tracker._member_ended(task_id)
-
-
-class EpisodeTracker:
-    """The episodes running now, seen through wrapped workflows (:meth:`track`): when
-    each started, its generated tokens and requests so far.  :class:`RunMonitor`
-    has one; each engine shard has one when the live view asks for stragglers
-    (``open_sharded_engine(track_episodes=True)``) and sends its longest-running
-    episodes with its statistics.
-
-    Args:
-        on_ended: called with the :class:`EpisodeTiming` of each episode whose
-            last member ended (optional).
-    """
-
-    def __init__(self, on_ended: Any = None) -> None:
-        self._live: dict[int, _Live] = {}
-        self._on_ended = on_ended
-
-    def track(self, workflow: Any) -> Any:
-        """``workflow`` (a spec :func:`workflows.resolve_workflow` accepts) wrapped so
-        that its episodes are timed and their tokens counted."""
-        from workflows.base import resolve_workflow
-
-        return _TrackedWorkflow(resolve_workflow(workflow), self)
-
-    def _episode_started(self, task_id: int) -> _Live:
-        live = self._live.get(task_id)
-        if live is None:
-            live = self._live[task_id] = _Live(start=trio.current_time())
-        live.members += 1
-        return live
-
-    def _member_ended(self, task_id: int) -> None:
-        live = self._live[task_id]
-        live.members -= 1
-        if live.members == 0:
-            del self._live[task_id]
-            if self._on_ended is not None:
-                self._on_ended(EpisodeTiming(task_id, trio.current_time() - live.start, live.tokens, live.requests))
-
-    def longest_running(self, top: int) -> tuple[EpisodeTiming, ...]:
-        """The ``top`` episodes running longest, longest first (``seconds`` so far)."""
-        now = trio.current_time()
-        oldest = sorted(self._live.items(), key=lambda kv: kv[1].start)[:top]
-        return tuple(EpisodeTiming(tid, now - v.start, v.tokens, v.requests, v.in_flight) for tid, v in oldest)
 
 
 class RunMonitor:
@@ -269,7 +153,7 @@ class RunMonitor:
         rate = (s.generated_tokens - n0) / (now - t0) if now > t0 else 0.0
         config = self.engine.config
         b = config.consumer_batch_size
-        r = _summed(s.rewards)  # (a sharded engine: one reward pool per shard)
+        r = s.rewards  # (a sharded engine: its shards' pools merged into one)
         elsewhere = self.engine.longest_running(self.top)  # a sharded engine: its shards' trackers
         stragglers = elsewhere if elsewhere is not None else self._tracker.longest_running(self.top)
         stale = self._staleness
@@ -333,17 +217,6 @@ class RunMonitor:
             del self._episodes[:n]  # only once written: a cancelled write leaves them for the last one
         await metrics.flush()
         await episodes.flush()
-
-
-def _summed(rewards: Any) -> Any:
-    """Reward pool statistics as one object: a tuple of them (one per engine shard;
-    None for a shard without statistics yet) summed field by field."""
-    if not isinstance(rewards, (tuple, list)):
-        return rewards
-    pools = [p for p in rewards if p is not None]
-    return SimpleNamespace(**{name: sum(getattr(p, name, 0) or 0 for p in pools) for name in (
-        "calls", "workers_busy", "workers_starting", "max_workers", "timeouts", "workers_killed", "worker_deaths",
-        "fallbacks", "errors")})
 
 
 def _generated_tokens(traj: Any) -> int:

@@ -408,15 +408,13 @@ class ShardedRolloutEngine(RolloutEngine):
         latest statistics, at most ``stats_interval_s`` old; episodes that ended since
         are left out), or None when the shards do not track episodes
         (``open_sharded_engine(track_episodes=False)``, the default)."""
-        from dataclasses import replace as _replace
-
         now, merged, tracked = trio.current_time(), [], False
         for shard in self._live:
             if shard.longest is None:
                 continue
             tracked = True
             received, timings = shard.longest
-            merged += [_replace(t, seconds=t.seconds + now - received) for t in timings if t.task_id in shard.inflight]
+            merged += [replace(t, seconds=t.seconds + now - received) for t in timings if t.task_id in shard.inflight]
         return tuple(sorted(merged, key=lambda t: -t.seconds)[:top]) if tracked else None
 
     def shard_statistics(self) -> list[ShardStatistics]:

@@ -94,7 +94,7 @@ async def run_shard(channel: Channel) -> None:
         outbox: list[Any] = []
         tracker, top = None, int(init.options.get("track_episodes") or 0)
         if top:  # for the coordinator's live view: each workflow wrapped, its longest running sent with the stats
-            from ..monitor import EpisodeTracker
+            from .._tracker import EpisodeTracker
 
             tracker = EpisodeTracker()
         buffer = engine._buffer

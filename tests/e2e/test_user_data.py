@@ -225,9 +225,10 @@ def test_run_on_a_save_to_disk_folder_with_split_template_limit_shuffle_epochs(t
 
 
 def test_rollout_run_refuses_an_unusable_row_in_one_line(tmp_path, capsys, monkeypatch):
+    import engine._cli_backend
     import engine.cli
 
-    monkeypatch.setattr(engine.cli, "_tokenizer_and_backend", lambda args: pytest.fail("no work for bad input"))
+    monkeypatch.setattr(engine._cli_backend, "tokenizer_and_backend", lambda args: pytest.fail("no work for bad input"))
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "ok", "solution": "1"}\n{"problem": "", "solution": "2"}\n')
     code, _, err = _cli(["run", "--backend", "sim", "--dataset", str(data), "--reward", "math", "--quiet",

@@ -95,12 +95,13 @@ def test_a_non_utf8_line_names_file_and_line(tmp_path):
     ],
 )
 def test_rollout_run_refuses_bad_rows_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, rows, needle):
+    import engine._cli_backend
     import engine.cli
 
     def no_work(*args, **kwargs):
         raise AssertionError("no backend may be built for bad input")
 
-    monkeypatch.setattr(engine.cli, "_tokenizer_and_backend", no_work)
+    monkeypatch.setattr(engine._cli_backend, "tokenizer_and_backend", no_work)
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(rows)
     code, _, err = _cli(["run", "--backend", "sim", "--quiet", "--dataset", str(bad), "--out", str(tmp_path / "o")],
@@ -109,12 +110,13 @@ def test_rollout_run_refuses_bad_rows_in_one_line_before_any_work(tmp_path, caps
 
 
 def test_out_pointing_at_a_file_is_refused_at_start_up(tmp_path, capsys, monkeypatch):
+    import engine._cli_backend
     import engine.cli
 
     def no_work(*args, **kwargs):
         raise AssertionError("no backend may be built for bad input")
 
-    monkeypatch.setattr(engine.cli, "_tokenizer_and_backend", no_work)
+    monkeypatch.setattr(engine._cli_backend, "tokenizer_and_backend", no_work)
     target = tmp_path / "a-file"
     target.write_text("not a folder")
     code, _, err = _cli(["run", "--backend", "sim", "--quiet", "--out", str(target)], capsys)

@@ -20,7 +20,9 @@ What is refused (each check is O(fields + messages) type tests; torch is never i
   ``content`` is not a ``str``, ``None`` or a list of content-part dicts;
 * a dict with no scalar field, each value a list/tuple or an array/tensor with a
   batch dimension (``ndim >= 1``), all of one length, at least one a list of
-  strings (a collated string column); nested dicts are not looked into;
+  strings (a collated string column), none a list of dicts (a row's messages or
+  tool specs; collated messages are caught by the first rule); nested dicts are
+  not looked into;
 * a list or tuple of rows (dicts with ``messages``) given as one item (``list(loader)``
   of a loader with ``collate_fn=lambda rows: rows``, handed to ``rollout_batch``).
 
@@ -88,6 +90,8 @@ def _columns_problem(item: dict[str, Any]) -> str | None:
         if kind is str or kind is int or kind is float or kind is bool or value is None:
             return None  # a scalar: one row (the common case, answered at the first such field)
         if kind is list or kind is tuple:
+            if value and isinstance(value[0], dict):
+                return None  # a list of records (messages, tool specs): a row's structure, not a column
             n = len(value)
             if strings is None and n and all(type(v) is str for v in value):
                 strings = name

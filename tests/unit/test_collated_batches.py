@@ -158,6 +158,9 @@ def test_rows_that_merely_hold_lists_and_tensors_are_not_refused():
         {"messages": [{"role": "user", "content": "q"}], "tests": ["a", "b"], "outputs": ["1", "2"]},
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]},
                       {"role": "assistant", "content": None, "tool_calls": []}]},
+        {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "q"}]}],
+         "images": ["a.png"]},  # a vision row with no scalar field
+        {"messages": [{"role": "user", "content": "q"}], "tags": ["x"]},
         {"input_ids": torch.arange(5), "attention_mask": torch.ones(5)},  # a pre-tokenized row
         {"question": "q", "answer": torch.tensor(3)},  # a with_format("torch") row
         {"i": 1}, {}, [1, 2], "text", None,

@@ -15,6 +15,7 @@ from tensordict import TensorDict
 
 from ._records import EpisodeResult, EpisodeStatus
 from .data import concat_padded_tensors
+from ._collated import ITEMS_FIX, check_item
 from .datastream import DataStream
 from .errors import DataExhaustedError, DatasetError
 
@@ -38,7 +39,10 @@ async def rollout_batch(engine: Any, items: Iterable[Any], workflow: Any,
     if isinstance(items, (dict, str, bytes)):
         raise DatasetError(f"rollout_batch: items must be an iterable of dataset items, got "
                            f"{type(items).__name__} (a dict here is usually a collated batch: "
-                           "build the DataLoader with collate_fn=lambda rows: rows)")
+                           "build the DataLoader with collate_fn=lambda rows: rows and pass each batch)")
+    items = items if isinstance(items, list) else list(items)
+    for i, item in enumerate(items):  # all of them before any is submitted: nothing is left half-submitted
+        check_item(item, "rollout_batch: items[%d]", ITEMS_FIX, i)
     if engine._breaker.open and engine._breaker.reported:
         engine._breaker.reset(watermark=engine._next_id)
     wf = engine._resolve(workflow, workflow_kwargs)

@@ -45,12 +45,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._collated import check_messages
 from .errors import WorkflowError
 
 __all__ = [
     "MessageDelta",
     "TokenConversation",
     "assistant_message",
+    "check_messages",
     "collect_drift_events",
     "decode_text",
     "encode_text",
@@ -77,8 +79,11 @@ def render_messages(tokenizer: Any, messages: Sequence[Message], *, add_generati
     """``messages`` rendered with the tokenizer's chat template, as text.
 
     Raises:
+        DatasetError: a message's role or content is not a string (a default-collated
+            batch; :func:`engine._collated.check_messages`).
         WorkflowError: the template raised (e.g. it rejects the message order).
     """
+    check_messages(messages, "render_messages")
     try:
         return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                              add_generation_prompt=add_generation_prompt,

@@ -46,6 +46,8 @@ import sys
 import weakref
 from typing import Any
 
+from ._collated import check_messages
+
 __all__ = ["render_chat"]
 
 #: structures kept per tokenizer (a dict cleared when full: structures are few in practice)
@@ -317,10 +319,14 @@ def render_chat(tokenizer: Any, messages: Any, **kwargs: Any) -> str:
         The rendered prompt, exactly ``apply_chat_template``'s string.
 
     Raises:
+        DatasetError: a message's role or content is not a string (a default-collated
+            batch; :func:`engine.chat.check_messages`), checked when a chat is not
+            spliced and once per spliced structure.
         What ``apply_chat_template`` raises (the chat is then rendered by it).
     """
     found = _structure(messages)
     if found is None:
+        check_messages(messages, "render_chat")
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     key, contents = found
     if kwargs:
@@ -343,6 +349,7 @@ def render_chat(tokenizer: Any, messages: Any, **kwargs: Any) -> str:
     try:
         splicer = structures[key]
     except KeyError:
+        check_messages(messages, "render_chat")  # once per structure (its roles are in the key)
         if len(structures) >= MAX_STRUCTURES:
             structures.clear()
         splicer = structures[key] = _build(tokenizer, cache, messages, kwargs)

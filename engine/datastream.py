@@ -20,7 +20,8 @@ executor and silently ignores later dataloaders (``WorkflowExecutor.prepare_batc
 
 A torch ``DataLoader`` with its default collate turns a batch of rows into one dict
 of lists (chat rows become ``{"role": ["user", "user"], ...}``); it is refused when
-the stream is created, with the fix in the message.
+the stream is created, with the fix in the message, and so is any item that is such
+a batch (an iterator over the loader, ``list(loader)``; :mod:`engine._collated`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,10 @@ import collections
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ._collated import ROWS_FIX, check_item
 from .errors import DatasetError
 
 __all__ = ["DataStream"]
-
-_FIX = ("pass collate_fn=lambda rows: rows (batches as lists of rows) or batch_size=None "
-        "(one row at a time)")
-
 
 def _check_source(source: Any) -> None:
     """Refuse sources that cannot be a dataloader of rows (``DatasetError``, a ``ValueError``)."""
@@ -53,7 +51,8 @@ def _check_source(source: Any) -> None:
             raise DatasetError(
                 f"prepare_batch: this torch DataLoader (batch_size={loader.batch_size}) uses the default "
                 "collate, which turns a batch of rows into one dict of lists (chat roles ['user', 'user'], "
-                f"answers as lists); {_FIX}")
+                "answers as lists); pass collate_fn=lambda rows: rows (batches as lists of rows) or "
+                "batch_size=None (one row at a time)")
 
 
 def _torch_dataloader_class() -> type | None:
@@ -61,14 +60,6 @@ def _torch_dataloader_class() -> type | None:
 
     torch_data = sys.modules.get("torch.utils.data")  # never import torch just for this check
     return getattr(torch_data, "DataLoader", None)
-
-
-def _check_item(item: Any, where: str) -> None:
-    if isinstance(item, dict) and item and all(isinstance(v, (list, tuple)) for v in item.values()):
-        lengths = {len(v) for v in item.values()}
-        roles = item.get("role")
-        if isinstance(roles, (list, tuple)) and len(lengths) == 1:  # a collated chat message
-            raise DatasetError(f"prepare_batch: {where} looks like a collated batch (role={list(roles)!r}); {_FIX}")
 
 
 class DataStream:
@@ -136,7 +127,7 @@ class DataStream:
             else:
                 self._batch.append(element)
         item = self._batch.popleft()
-        _check_item(item, f"item {self.position} of epoch {self.epoch}")
+        check_item(item, "prepare_batch: item %d of epoch %d", ROWS_FIX, self.position, self.epoch)
         self.position += 1
         self.items_taken += 1
         return True, item

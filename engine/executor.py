@@ -48,7 +48,7 @@ from .errors import BackendError, EpisodeFailuresError, unwrap_single
 from ._config import EngineConfig
 from ._episode import check_staleness, episode_result
 from . import _batches
-from ._batches import why_waiting
+from ._collated import ITEMS_FIX, check_item
 from ._feeder import Feeder, feeder_for, refill
 from ._generate import generate
 from ._lifecycle import open_engine
@@ -70,7 +70,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
-
 
 
 class RolloutEngine:
@@ -258,12 +257,14 @@ class RolloutEngine:
         Raises:
             WorkflowError: the workflow spec cannot be resolved.
             ValueError: ``group_size < 1`` or ``task_id`` is in use.
+            DatasetError: ``data`` is a batch or a message's role/content is not a str (:mod:`engine._collated`).
             trio.ClosedResourceError: the engine is closed.
         """
         if self._closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        check_item(data, "submit: data", ITEMS_FIX)
         wf = self._resolve(workflow, workflow_kwargs)
         if task_id is None:
             task_id = self._next_id
@@ -392,7 +393,7 @@ class RolloutEngine:
             raise TimeoutError(f"{what} within {timeout} s{self._why_waiting()}")
 
     def _why_waiting(self) -> str:
-        return why_waiting(self)
+        return _batches.why_waiting(self)
 
     async def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
         """Wait until ``count`` episodes have ended (accepted or not) and take their
@@ -436,10 +437,9 @@ class RolloutEngine:
         submission order.  Rejected and failed episodes are left out.
 
         Raises:
-            EpisodeFailuresError: the failure breaker opened (recent episodes all
-                failed): this call's episodes not yet started end as failed
-                (``"cancelled"``), the running ones are waited for, then this raises.
-            DatasetError: ``items`` is a dict or a string (e.g. a collated batch).
+            EpisodeFailuresError: the failure breaker opened (recent episodes all failed): this call's
+                episodes not yet started end as failed (``"cancelled"``); raised once the running ones ended.
+            DatasetError: ``items`` is a dict or a string, or an item is a batch (as :meth:`submit`).
         """
         return await _batches.rollout_batch(self, items, workflow, workflow_kwargs, should_accept_fn, group_size)
 
@@ -480,9 +480,9 @@ class RolloutEngine:
                 one example.  The next call submits again.
             DataExhaustedError: the one-pass dataloader had no more items and all
                 its episodes were returned.
-            DatasetError: the dataloader yields no items, is a torch ``DataLoader``
-                with the default collate, or is a different object than the one
-                the engine streams from.
+            DatasetError: the dataloader yields no items or a default-collated
+                batch as an item, is a torch ``DataLoader`` with the default
+                collate, or is a different object than the one the engine streams from.
         """
         return await _batches.prepare_batch(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size,
                                    dynamic_bs, timeout)

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from engine.chat import check_messages
 from engine.chat_splice import render_chat
 from engine.encode import encode_prompt
 from engine.data import concat_padded_tensors
@@ -44,6 +45,7 @@ def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking:
     if backend is not None:  # what tokenize=True does, minus transformers' per-call overhead
         text = render_chat(tokenizer, data["messages"], **kwargs)  # the template rendered once per chat structure
         return encode_prompt(backend, text)  # the pieces between special tokens, repeated ones cached
+    check_messages(data["messages"], "RLVRWorkflow: data")  # (render_chat checks on its own)
     ids = tokenizer.apply_chat_template(
         data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
     )

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import trio
 
+from engine.chat import check_messages
 from engine.data import concat_padded_tensors, trajectory_from_response
 from engine.errors import InvalidRequestError
 from engine.types import GenerationHyperparameters, ModelRequest
@@ -152,6 +153,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
             if parts != len(pil_images):
                 raise InvalidRequestError(f"data['messages'] has {parts} image part(s) but data['images'] holds "
                                           f"{len(pil_images)} image(s); give one part per image")
+            check_messages(messages, "VisionRLVRWorkflow: data")
             kwargs = {"enable_thinking": self.enable_thinking} if self.enable_thinking is not None else {}
             renderer = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
             text = renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)

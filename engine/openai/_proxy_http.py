@@ -55,22 +55,38 @@ class ProxyRoutes:
         self.proxy = proxy
 
     def _session_of(self, request: Any, body: Mapping[str, Any] | None = None) -> ProxySession:
+        """The session whose api_key is the bearer key; the only credential.
+
+        A session id (``X-Session-Id`` header, ``session_id`` in the body) only names
+        the session: it is checked against the key's, never used to find one.
+
+        Raises:
+            _HTTPError: 401 no bearer key, or one that is no live session's key;
+                403 a session id that is not the key's session's.
+        """
         key = _bearer(request)
-        session = self.proxy._by_key.get(key) if key else None
-        if session is None:
-            sid = request.headers.get("x-session-id") or (body or {}).get("session_id")
-            session = self.proxy.sessions.get(sid) if isinstance(sid, str) else None
-        if session is None:
-            raise _HTTPError(401, "unknown or ended session: send the session's api_key as bearer token "
-                                  "(or an X-Session-Id header); start one with POST /rl/start_session",
+        if key is None:
+            raise _HTTPError(401, "no api_key: send the session's api_key as bearer token (Authorization: Bearer "
+                                  "<api_key>, what an OpenAI SDK sends); a session id alone does not authenticate; "
+                                  "start a session with POST /rl/start_session",
                              "authentication_error", "invalid_api_key")
+        session = self.proxy._by_key.get(key)
+        if session is None:
+            raise _HTTPError(401, "unknown or ended session: the bearer key is no live session's api_key; "
+                                  "start one with POST /rl/start_session", "authentication_error", "invalid_api_key")
+        for sid in (request.headers.get("x-session-id"), (body or {}).get("session_id")):
+            if sid is not None and sid != session.session_id:
+                raise _HTTPError(403, "the session id sent (X-Session-Id or session_id) names another session than "
+                                      "the api_key's: send the session's own api_key (the id is optional)",
+                                 "permission_error", "session_mismatch")
         return session
 
     async def _complete(self, request: Any, create_name: str) -> Any:
         from starlette.responses import JSONResponse, Response
 
         body = await _json_body(request)
-        session = self._session_of(request)
+        session = self._session_of(request, body)
+        body.pop("session_id", None)  # checked above; not a sampling parameter
         if session.state != "active":
             raise _HTTPError(409, f"session {session.session_id} is {session.state}; no more requests")
         create = getattr(session.client, create_name)

@@ -34,7 +34,7 @@ class ProxyConfig:
         admission_timeout_s: how long ``start_session`` waits for the engine to
             admit the episode before answering 503 (``None``: as long as the
             client waits).
-        admin_api_key: when set, ``start_session`` needs it as bearer key.
+        admin_api_key: when set, ``start_session`` needs it as bearer key (left out of ``repr``).
         export_style, turn_discount, drop_retry_orphans: ``end_session``'s
             defaults (``turn_discount`` 1.0 leaves rewards as set).
         graceful_timeout_s: on close, how long requests in flight may finish.
@@ -53,7 +53,7 @@ class ProxyConfig:
     chat_template_kwargs: Mapping[str, Any] | None = None
     session_idle_timeout_s: float = 300.0
     admission_timeout_s: float | None = None
-    admin_api_key: str | None = None
+    admin_api_key: str | None = field(default=None, repr=False)  # a secret: never printed
     export_style: str = "individual"
     turn_discount: float = 1.0
     drop_retry_orphans: bool = False
@@ -107,7 +107,9 @@ class ProxySession:
     """One agent session: an episode of the engine and its interaction cache.
 
     Attributes:
-        session_id, api_key: how requests name the session.
+        session_id: the session's name (in answers and log lines; not a credential).
+        api_key: the session's credential: every request about the session sends it
+            as bearer key (left out of ``repr``).
         task_id: the engine task id of its episode.
         data: the episode's dataset item.
         cache: its :class:`InteractionCache`.
@@ -118,7 +120,7 @@ class ProxySession:
     """
 
     session_id: str
-    api_key: str
+    api_key: str = field(repr=False)  # the session's one credential: never printed
     data: Any
     cache: InteractionCache = field(default_factory=InteractionCache)
     client: Any = None

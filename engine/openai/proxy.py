@@ -33,8 +33,12 @@ Routes (errors are OpenAI-style ``{"error": {"message", "type", "code"}}``):
                                episode's return value; answers with the number exported
 =============================  ===============================================================
 
-A session is named by its API key (``Authorization: Bearer <api_key>``, what
-an OpenAI SDK sends) or by an ``X-Session-Id`` header.
+A session is authenticated by its API key alone (``Authorization: Bearer
+<api_key>``, what an OpenAI SDK sends): no key or an unknown one is answered 401
+(``invalid_api_key``).  A session id (an ``X-Session-Id`` header, ``session_id`` in
+the body) is a name, not a credential; when sent it must be the key's session's,
+else 403 (``session_mismatch``): never rerouted.  Session ids appear in answers and
+log lines; keys never do (not in ``repr`` either).
 
 Accounting: a session *is* an episode of the engine, submitted by
 ``start_session``, so it ends exactly once: ``accepted`` (or ``rejected``:

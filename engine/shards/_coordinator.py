@@ -40,6 +40,7 @@ from typing import Any
 
 import trio
 
+from .._collated import ITEMS_FIX, check_item
 from .._records import Task
 from ..backends.base import BackendStatistics
 from ..errors import RolloutError, WorkflowError
@@ -182,7 +183,7 @@ class ShardedRolloutEngine(RolloutEngine):
     # -- submission and dispatch ------------------------------------------------------------------
     def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
                should_accept_fn: Any = None, group_size: int = 1, task_id: int | None = None) -> int:
-        """As :meth:`RolloutEngine.submit`; also raises ``WorkflowError`` (the
+        """As :meth:`RolloutEngine.submit` (``DatasetError`` for a batch); also raises ``WorkflowError`` (the
         workflow or filter cannot be pickled), ``ValueError`` (``data`` cannot be),
         and :class:`ShardsDiedError` (no shard is alive)."""
         if self._dead_error is not None:
@@ -191,6 +192,7 @@ class ShardedRolloutEngine(RolloutEngine):
             raise trio.ClosedResourceError("the rollout engine is closed")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        check_item(data, "submit: data", ITEMS_FIX)
         key = self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
         try:
             blob = dumps(data)  # (by value when it names __main__: the shard's __main__ is not the user's)

@@ -238,11 +238,12 @@ async def test_errors_are_openai_shaped_and_the_other_routes_work(sdk):
             assert r.status_code == 404 and r.json()["error"]["code"] == "interaction_not_found"
             r = await http.post("/rl/set_reward", json={"reward": "high"}, headers=bearer(s))
             assert r.status_code == 400 and "finite real number" in r.json()["error"]["message"]
-            r = await http.post("/rl/end_session", json={"style": "flat"}, headers={"X-Session-Id": s["session_id"]})
+            named = {**bearer(s), "X-Session-Id": s["session_id"]}  # the id may name the key's session (issue 24)
+            r = await http.post("/rl/end_session", json={"style": "flat"}, headers=named)
             assert r.status_code == 400
             r = await http.post("/v1/chat/completions", content=b"{", headers=bearer(s))
             assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-            r = await http.post("/rl/end_session", json={}, headers={"X-Session-Id": s["session_id"]})
+            r = await http.post("/rl/end_session", json={}, headers=named)
             assert r.json()["interactions"] == 1
             result = await engine.wait_for_task(s["task_id"])
     assert result.status == "accepted"

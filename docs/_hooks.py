@@ -7,6 +7,9 @@
   statically with :mod:`ast`, like griffe: building the docs imports nothing of the project
   (no torch), and a name added to ``__all__`` or moved to another module is documented
   without editing the page.
+- The docstrings are written with reST's Sphinx roles and literal-block markers
+  (``:class:`X```, ``text::``); on the rendered reference pages the role prefix is dropped (the
+  name stays code) and ``::`` reads as ``:``.
 - The benchmark plots in ``benchmarks/reference/*.png`` are served under the same path, so
   the performance page shows them without a copy in ``docs/``.
 """
@@ -68,6 +71,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return api_markdown(match.group(1), match.group(2))
 
     return _MARKER.sub(expand, markdown)
+
+
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):(?=<code)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    if not page.file.src_uri.startswith("reference/"):
+        return html
+    html = _ROLE.sub("", html)
+    return html.replace("<p>::</p>", "").replace("::</p>", ":</p>")
 
 
 def on_files(files, config):

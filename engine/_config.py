@@ -112,10 +112,10 @@ class EngineConfig:
         value = self.should_accept_timeout_s
         if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
             raise ValueError(f"should_accept_timeout_s must be a number > 0, got {value!r}")
-        value = self.episode_timeout_s
-        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and math.isfinite(value) and value > 0):
-            raise ValueError(f"episode_timeout_s must be a finite number of seconds > 0 or None, got {value!r}")
+        episode = self.episode_timeout_s
+        if episode is not None and not (isinstance(episode, (int, float)) and not isinstance(episode, bool)
+                                        and math.isfinite(episode) and episode > 0):
+            raise ValueError(f"episode_timeout_s must be a finite number of seconds > 0 or None, got {episode!r}")
         _ = self.reward_options  # validates the reward_* fields (a ValueError names the field)
         if self.reward_backend not in REWARD_BACKENDS:
             raise ValueError(f"reward_backend must be one of {REWARD_BACKENDS}, got {self.reward_backend!r}")

@@ -45,7 +45,8 @@ async def _timed(engine: Any, task: Task, episode: Awaitable[EpisodeResult], tim
     with trio.move_on_after(timeout_s):
         return await episode
     exc = EpisodeTimeoutError(f"episode {task.task_id} ran past episode_timeout_s={timeout_s} s and was cancelled")
-    engine._failure_log.failed(FailReason.EPISODE_TIMEOUT, f"episode {task.task_id} failed: {exc}", trio.current_time())
+    engine._failure_log.failed(FailReason.EPISODE_TIMEOUT, f"episode {task.task_id} failed: {type(exc).__name__}: {exc}",
+                               trio.current_time())
     return failed_result(task, exc)
 
 

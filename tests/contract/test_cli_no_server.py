@@ -94,8 +94,10 @@ def test_the_only_server_killed_ends_the_run_at_the_window_and_resume_finishes_i
         assert len(load_rollouts(out)) == done and load_trajectories(out).batch_size[0] == done
         assert f"{done}/{ITEMS} items done, {ITEMS - done} left" in lines[0]
 
-        code, _, err = run_cli(["run", "--resume", str(out), "--server", fresh.wait_ready(), "--quiet"], capsys)
+        code, printed, err = run_cli(["run", "--resume", str(out), "--server", fresh.wait_ready(), "--quiet"],
+                                     capsys)
         assert code == 0, err
+        assert f"{ITEMS}/{2 * ITEMS - done} episodes accepted ({ITEMS - done} submitted again" in printed
     finally:
         first.kill()
         fresh.stop()

@@ -36,6 +36,15 @@ class EngineConfig:
         reward_normalization: z-score ``rewards`` within a complete group
             (population std + 1e-8, AReaL) and keep raw values as ``original_rewards``.
         should_accept_timeout_s: deadline of ``should_accept_fn`` (seconds).
+        episode_timeout_s: a whole episode's deadline (seconds, from admission to its
+            result, the filter included; not the wait for room in the result buffer):
+            past it the episode is cancelled (its generation requests withdrawn, its
+            reward jobs killed) and fails with reason ``"episode_timeout"``
+            (:class:`~engine.errors.EpisodeTimeoutError`).  ``None`` (the default): no
+            whole-episode deadline, since every wait inside one already has its own
+            (the backend's request and no-server deadlines, the reward timeout and
+            retries, the filter's, a proxy session's idle timeout) and a fixed default
+            would cut legitimately long agentic episodes; set it to budget episodes.
         dump_dir: when set, every accepted trajectory is also written as a JSONL
             record under ``dump_dir/<version>/`` (:mod:`engine.dump`).
         reward_timeout_seconds, reward_max_retries, reward_max_workers,
@@ -75,6 +84,7 @@ class EngineConfig:
     drop_incomplete_group: bool = False
     reward_normalization: bool = False
     should_accept_timeout_s: float = 30.0
+    episode_timeout_s: float | None = None
     dump_dir: str | None = None
     reward_timeout_seconds: float = _REWARD_DEFAULTS.timeout_seconds
     reward_max_retries: int = _REWARD_DEFAULTS.max_retries
@@ -102,6 +112,10 @@ class EngineConfig:
         value = self.should_accept_timeout_s
         if not (isinstance(value, (int, float)) and value > 0 and not math.isnan(value)):
             raise ValueError(f"should_accept_timeout_s must be a number > 0, got {value!r}")
+        episode = self.episode_timeout_s
+        if episode is not None and not (isinstance(episode, (int, float)) and not isinstance(episode, bool)
+                                        and math.isfinite(episode) and episode > 0):
+            raise ValueError(f"episode_timeout_s must be a finite number of seconds > 0 or None, got {episode!r}")
         _ = self.reward_options  # validates the reward_* fields (a ValueError names the field)
         if self.reward_backend not in REWARD_BACKENDS:
             raise ValueError(f"reward_backend must be one of {REWARD_BACKENDS}, got {self.reward_backend!r}")

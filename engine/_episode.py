@@ -21,7 +21,7 @@ from rewards import RewardOutcome, swap_reward_outcome_collector
 from ._records import EpisodeResult, EpisodeStatus, FailReason, RejectReason, Task, failed_result, leaf_exception, raised_at, sample_index
 from .chat import close_drift_sink, open_drift_sink
 from .data import concat_padded_tensors
-from .errors import failure_reason
+from .errors import EpisodeTimeoutError, failure_reason
 from .trajectory import _copy_with
 
 __all__ = ["check_staleness", "conclude", "episode_result", "finish_group", "is_stale", "run_filter"]
@@ -30,10 +30,24 @@ __all__ = ["check_staleness", "conclude", "episode_result", "finish_group", "is_
 def episode_result(engine: Any, task: Task) -> Awaitable[EpisodeResult]:
     """The episode's coroutine: its members, then :func:`conclude`.  A group of one is its
     member's own coroutine, run in the episode task's context, which concludes the episode
-    itself: no frame around the member stays alive for the episode (see :func:`_member`)."""
+    itself: no frame around the member stays alive for the episode (see :func:`_member`).
+    With ``episode_timeout_s`` set, it runs under that deadline (:func:`_timed`)."""
     if task.group_size == 1:
-        return cast("Awaitable[EpisodeResult]", _member(engine, task, 0, None, {}))  # outcomes None: a result
-    return _group(engine, task)
+        episode = cast("Awaitable[EpisodeResult]", _member(engine, task, 0, None, {}))  # outcomes None: a result
+    else:
+        episode = _group(engine, task)
+    timeout_s = engine.config.episode_timeout_s
+    return episode if timeout_s is None else _timed(engine, task, episode, timeout_s)
+
+
+async def _timed(engine: Any, task: Task, episode: Awaitable[EpisodeResult], timeout_s: float) -> EpisodeResult:
+    """``episode`` under its deadline; past it, cancelled and failed ``"episode_timeout"``."""
+    with trio.move_on_after(timeout_s):
+        return await episode
+    exc = EpisodeTimeoutError(f"episode {task.task_id} ran past episode_timeout_s={timeout_s} s and was cancelled")
+    engine._failure_log.failed(FailReason.EPISODE_TIMEOUT, f"episode {task.task_id} failed: {type(exc).__name__}: {exc}",
+                               trio.current_time())
+    return failed_result(task, exc)
 
 
 async def _group(engine: Any, task: Task) -> EpisodeResult:

@@ -17,7 +17,8 @@
     "wall_seconds": w, "version": v}``: these episodes ended (``item`` is the
     dataset index; ``status`` accepted, rejected or failed) and are durable;
   - ``{"kind": "end", "segment": s, "exit": "completed" | "SIGINT" | "SIGTERM" |
-    "error", "cancelled": c, "reward_fallbacks": f, "wall_seconds": w, "version": v}``.
+    "backend_unavailable" | "error", "cancelled": c, "reward_fallbacks": f, "wall_seconds": w,
+    "version": v}`` (``backend_unavailable``: episodes failed for want of a server).
 - ``.lock``: held (``flock``) by the process running in the folder.
 
 Commit protocol.  The rows of an ended episode are appended to ``rollouts.jsonl``
@@ -31,10 +32,12 @@ SIGKILL loses at most the episodes of the shard being filled.  (Files are flushe
 not fsynced: a kill of the process loses nothing committed; a power cut may.)
 
 Resume.  An item whose episode ended accepted, rejected or failed (any reason but
-``cancelled``) is done and never runs again; the others (not started, cancelled
-by a signal, lost to a kill) run in the next segment.  Each item therefore ends
-exactly once over any number of interruptions, and the counts of the segments add
-up: ``submitted == accepted + rejected + failed + cancelled + lost (+ in_progress)``.
+``cancelled`` and those of :data:`RERUN_REASONS`) is done and never runs again; the
+others (not started, cancelled by a signal, lost to a kill, failed for want of a
+server) run in the next segment.  Each item therefore ends done exactly once over any
+number of interruptions, and the counts of the segments add up: ``submitted ==
+accepted + rejected + failed + cancelled + lost (+ in_progress)`` (an episode that failed
+``backend_unavailable`` is counted failed in its segment, and its item runs again).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from pathlib import Path
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-__all__ = ["KEPT_OPTIONS", "LOCKED_OPTIONS", "RunState", "locked_options", "open_run_dir", "read_journal", "resolve_resume_options",
+__all__ = ["KEPT_OPTIONS", "LOCKED_OPTIONS", "RERUN_REASONS", "RunState", "locked_options", "open_run_dir", "read_journal", "resolve_resume_options",
            "write_json_atomic"]
 
 #: Options that define a run's items and what their episodes mean; ``--resume``
@@ -77,6 +80,9 @@ RUN_FILE, JOURNAL, ROLLOUTS, SUMMARY, TRAJECTORIES, LOCK = (
     "run.json", "progress.jsonl", "rollouts.jsonl", "summary.json", "trajectories", ".lock")
 SHARD_PREFIX, TMP_PREFIX = "shard-", ".tmp-"
 DONE_STATUSES = ("accepted", "rejected", "failed")
+#: Failure reasons of infrastructure, not of the item: committed (counted failed, with the
+#: reason) but not done, so that ``--resume`` runs the item again.
+RERUN_REASONS = ("backend_unavailable",)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -201,7 +207,8 @@ class RunState:
             seg["submitted"] = int(rec["submitted"])
         elif kind == "commit":
             for item, status, reason, error_type, error_message in rec["episodes"]:
-                self.done[int(item)] = status
+                if not (status == "failed" and reason in RERUN_REASONS):
+                    self.done[int(item)] = status
                 seg[status] += 1
                 if status == "rejected":
                     self.rejected_by_reason[reason] += 1

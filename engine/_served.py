@@ -46,8 +46,11 @@ async def open_remote_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[
     from .backends.remote import make_remote_backend
     from .backends.remote.vllm import LogprobsModeError
 
+    from ._cli_deadlines import remote_deadlines
+
     backend = make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout,
-                                  startup_timeout_s=args.startup_timeout)
+                                  startup_timeout_s=args.startup_timeout,
+                                  **remote_deadlines(args))  # --no-server-timeout, --attempt-timeout
     try:
         try:
             await backend.wait_ready()

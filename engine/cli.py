@@ -36,6 +36,12 @@ SIGINT / SIGTERM stop the run: admission stops, episodes in flight are cancelled
 --resume OUT`` continues an interrupted run, skipping the items already done.
 A run that accepts no episode exits 1 with one line.
 
+No wait is unbounded (:mod:`engine._cli_deadlines`): a remote run whose servers are all
+down waits ``--no-server-timeout`` seconds (default 300) for one to come back; then its
+episodes in flight and queued fail ``backend_unavailable``, what completed is written, and
+the exit status is 75 (EX_TEMPFAIL) with one line naming the servers and their last errors;
+``rollout run --resume OUT`` runs those items again.
+
 A remote run (``--backend sglang|vllm``) takes its tokenizer from ``--model`` or
 from the model the servers report, and refuses a mismatch at start-up
 (:mod:`engine._served`).  ``--seed`` is the run seed: every request's sampling
@@ -62,6 +68,7 @@ import trio
 
 from ._cli_backend import SHARD_STATS_INTERVAL_S as _SHARD_STATS_INTERVAL_S
 from ._cli_backend import open_engine, setup_backend
+from ._cli_deadlines import EXIT_BACKEND_UNAVAILABLE, add_deadline_arguments, unavailable_line
 from .errors import RolloutError
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -229,6 +236,7 @@ def build_parser() -> _Parser:
     from .serve import add_serve_parser
 
     add_user_run_arguments(run)  # dataset mapping, --sim-*, live view, metrics, logging, --config
+    add_deadline_arguments(run)  # --no-server-timeout, --attempt-timeout, --episode-timeout
     add_serve_parser(sub)
     sub.add_parser("bench", add_help=False, help=_BENCH_HELP)  # listed here; main() hands its options over
     add_report_parser(sub)
@@ -284,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     if summary["exit"] in ("SIGINT", "SIGTERM"):
         print(_interrupted_line(summary, out), file=sys.stderr)
         return 130 if summary["exit"] == "SIGINT" else 143
+    if summary["exit"] == "backend_unavailable":  # no server for the window: the rest runs on --resume
+        print(f"{_RUN_ERROR} {unavailable_line(summary, out)}", file=sys.stderr)
+        return EXIT_BACKEND_UNAVAILABLE
     if summary["accepted"] == 0:  # nothing to train on: a failed run, whatever the cause
         print(f"{_RUN_ERROR} {_nothing_accepted(summary)}; outputs in {out}", file=sys.stderr)
         return 1
@@ -312,7 +323,8 @@ def _done_line(summary: dict[str, Any]) -> str:
     """The line a finished run prints: accepted of submitted (episodes an interrupted
     segment cancelled, lost or never started were submitted again: said, so that they
     do not read as failures; not all of them had started, so not "interrupted")."""
-    again_n = (summary.get("lost") or 0) + (summary.get("cancelled") or 0)
+    again_n = ((summary.get("lost") or 0) + (summary.get("cancelled") or 0)
+               + (summary.get("failed_by_reason") or {}).get("backend_unavailable", 0))
     again = f" ({again_n} submitted again after an interruption)" if again_n else ""
     return (
         f"{summary['accepted']}/{summary['submitted']} episodes accepted{again}, {summary['trajectories']} "
@@ -351,8 +363,10 @@ def _explicit_options(argv: list[str] | None) -> set[str]:
     """The ``rollout run`` options given on the command line (not defaulted)."""
     parser = build_parser()
     run = parser.run_parser
-    run.set_defaults(**{a.dest: _UNSET for a in run._actions if a.dest != "help"})
-    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not _UNSET}
+    appended = {a.dest for a in run._actions if isinstance(a, argparse._AppendAction)}  # (--server: appends to
+    run.set_defaults(**{a.dest: None if a.dest in appended else _UNSET  # its default, so not a marker object)
+                        for a in run._actions if a.dest != "help"})
+    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not _UNSET and not (k in appended and v is None)}
 
 
 def _load_items(args: argparse.Namespace) -> Any:
@@ -485,7 +499,7 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                     if engine is not None and stop.cancelled_caught:  # what ended before the close is kept
                         for result in await engine.wait_results(engine.statistics().results_waiting):
                             writer.record(result)
-                exit = interrupt.name or "completed"
+                exit = interrupt.name or ("backend_unavailable" if writer.rerun else "completed")
             except Exception as exc:  # the writer still commits what ended; re-raised below
                 error = exc
             writer.end(exit)
@@ -517,7 +531,8 @@ def _engine_config(args: argparse.Namespace) -> Any:
                         max_head_offpolicyness=args.max_head_offpolicyness,
                         dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True,
                         reward_backend=getattr(args, "reward_backend", "local"),
-                        reward_ray_address=getattr(args, "ray_address", None))
+                        reward_ray_address=getattr(args, "ray_address", None),
+                        episode_timeout_s=getattr(args, "episode_timeout", None))
 
 
 async def _collect(engine: Any, writer: Any, total: int, *, step_every: int | None,

@@ -6,11 +6,15 @@
     ├── InvalidRequestError(ValueError)   a request/config is malformed (names the field)
     ├── DatasetError(ValueError)          a dataset file/row is malformed (names file and line)
     ├── BackendError                      the inference backend failed or sent bad evidence
+    │   ├── BackendUnavailableError       no healthy server for ``no_server_timeout_s``
+    │   └── BackendTimeoutError           a generation got no answer in time (attempt or
+    │                                     request deadline)
     ├── RewardError                       a reward function raised, returned a non-finite
     │                                     or non-numeric value, or cannot be pickled
     ├── WorkflowError                     a workflow could not be resolved/instantiated
     ├── SessionAbandonedError             an OpenAI-proxy session was never ended (idle
     │                                     timeout, client gone, proxy closed)
+    ├── EpisodeTimeoutError               an episode ran past ``episode_timeout_s``
     ├── EpisodeFailuresError              recent episodes all failed (the failure breaker
     │                                     opened); names the dominant reason
     └── DataExhaustedError                a one-pass dataloader has no more items
@@ -30,9 +34,12 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 __all__ = [
     "BackendError",
+    "BackendTimeoutError",
+    "BackendUnavailableError",
     "DataExhaustedError",
     "DatasetError",
     "EpisodeFailuresError",
+    "EpisodeTimeoutError",
     "FAILURE_REASONS",
     "FailReason",
     "InvalidRequestError",
@@ -62,6 +69,20 @@ class BackendError(RolloutError):
     (logprob count != token count, NaN/inf/bool logprob, vLLM's -9999 sentinel)."""
 
 
+class BackendUnavailableError(BackendError):
+    """No server of a remote pool was healthy for ``no_server_timeout_s`` (counted from the
+    moment the last healthy one was lost): the requests that waited, and every new one until
+    a server is re-admitted, fail with it (reason ``"backend_unavailable"``).  The message
+    names each server and its last error.  ``rollout run`` keeps what completed and runs
+    these episodes again on ``--resume``."""
+
+
+class BackendTimeoutError(BackendError):
+    """A generation got no answer in time: its last attempt ran past ``attempt_timeout_s``
+    (a server that accepts the request and never answers) on every try, or the whole request
+    ran past ``request_timeout_s`` (reason ``"backend_timeout"``)."""
+
+
 class RewardError(RolloutError):
     """A reward function raised after all retries, returned something that is not
     a finite real number, or could not be sent to a worker process."""
@@ -76,6 +97,11 @@ class SessionAbandonedError(RolloutError):
     without its ``end_session`` call: no request within its idle timeout, its
     client went away before it was admitted, or the proxy closed.  Its episode
     fails with reason ``"session_abandoned"``; the message says which."""
+
+
+class EpisodeTimeoutError(RolloutError):
+    """An episode ran past ``EngineConfig.episode_timeout_s``: it was cancelled (its requests
+    withdrawn, its reward jobs killed) and fails with reason ``"episode_timeout"``."""
 
 
 class EpisodeFailuresError(RolloutError):
@@ -109,6 +135,9 @@ class FailReason(_Vocabulary):
     """Why an episode failed (``EpisodeResult.reason`` when ``status == "failed"``)."""
 
     BACKEND_ERROR = "backend_error"  #: :class:`BackendError` (the server, transport or response evidence)
+    BACKEND_UNAVAILABLE = "backend_unavailable"  #: :class:`BackendUnavailableError` (no healthy server in time)
+    BACKEND_TIMEOUT = "backend_timeout"  #: :class:`BackendTimeoutError` (a generation got no answer in time)
+    EPISODE_TIMEOUT = "episode_timeout"  #: :class:`EpisodeTimeoutError` (the episode ran past its deadline)
     INVALID_REQUEST = "invalid_request"  #: :class:`InvalidRequestError` (a malformed request)
     REWARD_ERROR = "reward_error"  #: :class:`RewardError` (the reward failed and no fallback applied)
     SESSION_ABANDONED = "session_abandoned"  #: :class:`SessionAbandonedError` (proxy sessions)
@@ -124,8 +153,14 @@ def failure_reason(exc: BaseException) -> FailReason:
     """Map an exception raised inside an episode to its failure reason."""
     if isinstance(exc, RewardError):
         return FailReason.REWARD_ERROR
+    if isinstance(exc, BackendUnavailableError):
+        return FailReason.BACKEND_UNAVAILABLE
+    if isinstance(exc, BackendTimeoutError):
+        return FailReason.BACKEND_TIMEOUT
     if isinstance(exc, BackendError):
         return FailReason.BACKEND_ERROR
+    if isinstance(exc, EpisodeTimeoutError):
+        return FailReason.EPISODE_TIMEOUT
     if isinstance(exc, InvalidRequestError):
         return FailReason.INVALID_REQUEST
     if isinstance(exc, SessionAbandonedError):

@@ -36,7 +36,8 @@ from typing import Any
 
 import trio
 
-from ._journal import JOURNAL, ROLLOUTS, SUMMARY, TMP_PREFIX, TRAJECTORIES, RunState, read_journal, write_json_atomic
+from ._journal import (JOURNAL, RERUN_REASONS, ROLLOUTS, SUMMARY, TMP_PREFIX, TRAJECTORIES, RunState, read_journal,
+                       write_json_atomic)
 
 __all__ = ["RunWriter", "load_rollouts", "load_trajectories", "rollout_rows"]
 
@@ -122,6 +123,7 @@ class RunWriter:
         self._started = False
         self.recorded = 0  # results handed to record(), this segment
         self.cancelled = 0
+        self.rerun = 0  # failed for a reason of RERUN_REASONS (backend_unavailable), this segment: not done
         self.summary: dict[str, Any] = {}
         self._done = trio.Event()
 
@@ -135,11 +137,13 @@ class RunWriter:
     def record(self, result: Any) -> None:
         """An episode ended (any status); its outputs follow."""
         self.recorded += 1
+        self.rerun += result.status == "failed" and result.reason in RERUN_REASONS
         self._send.send_nowait(("result", result))
 
     def end(self, exit: str) -> None:
         """No more results: commit what is pending, write the ``end`` line
-        (``exit``: ``"completed"``, ``"SIGINT"``, ``"SIGTERM"`` or ``"error"``) and the summary."""
+        (``exit``: ``"completed"``, ``"SIGINT"``, ``"SIGTERM"``, ``"backend_unavailable"`` or
+        ``"error"``) and the summary."""
         self._send.send_nowait(("end", exit))
         self._send.close()
 

@@ -16,11 +16,15 @@ One call of :meth:`RemoteBackend.generate` serves one segment the engine sends:
    (``request.metadata["routing_key"]``, else ``request.rid``; later segments and turns reuse
    its prefix cache) when it is healthy and has not failed this request, otherwise the healthy
    server with the fewest outstanding tokens (``prompt_len + budget`` summed over its requests
-   in flight); wait for a re-admission when every server is ejected;
+   in flight); wait for a re-admission when every server is ejected, at most
+   ``no_server_timeout_s`` from the moment the last healthy server was lost: then the waiting
+   requests, and every new one until a server is re-admitted, fail with
+   :class:`~engine.errors.BackendUnavailableError` (reason ``"backend_unavailable"``);
 3. POST once, non-streaming, under a unique wire id ``<rid>@<seq>`` (an sglang-router URL is
    one server; see :mod:`engine.backends.remote.sglang` for what it forwards);
 4. on a transient failure (refused or lost connection, HTTP 408/429/5xx, malformed JSON,
-   ``attempt_timeout_s``, the server ejected under it) try again: at once on a healthy server
+   ``attempt_timeout_s`` (default 1800 s: a server that accepts and never answers), the
+   server ejected under it) try again: at once on a healthy server
    this request has not tried yet (failover), otherwise after a capped exponential backoff
    with jitter (:class:`RetryPolicy`); ``max_attempts`` attempts in all;
 5. HTTP 401/403 (access denied: our credentials) is permanent and server-level: the server is
@@ -29,7 +33,8 @@ One call of :meth:`RemoteBackend.generate` serves one segment the engine sends:
 6. anything else (another 4xx, a body of the wrong shape) fails the request with a
    :class:`RemoteCallError` (a :class:`~engine.errors.BackendError`) naming request, server
    and cause.  The whole call, waits and backoff included, is bounded by
-   ``request_timeout_s``.
+   ``request_timeout_s``; a request whose last attempt timed out, or past that deadline,
+   fails with a :class:`~engine.errors.BackendTimeoutError` (reason ``"backend_timeout"``).
 
 Failover and resumption (documented choice).  A non-streaming call returns nothing when its
 server dies, so a failed attempt is re-sent whole to another server.  Its ``input_ids``
@@ -47,7 +52,8 @@ ejected after ``eject_after_failures`` consecutive failed probes or attempts, an
 it refuses a connection; an ejection by probes (the server stopped answering: presumed hung)
 cancels its attempts in flight, which fail over (on a dead server they fail on their own).  A
 successful probe re-admits it (after replaying a weight update it missed, see
-:meth:`RemoteBackend.update_weights`).
+:meth:`RemoteBackend.update_weights`).  While no server is healthy a warning names each
+server and its last error, at once and then at least every 30 s.
 
 Weight updates (:class:`~engine.backends.base.WeightSync`).  :meth:`RemoteBackend.pause`
 pauses client-side (nothing is sent while paused) and on every healthy server (mode
@@ -89,7 +95,7 @@ from typing import Any
 from ...errors import InvalidRequestError
 from ._backend import RemoteBackend
 from ._config import RemoteTimeouts, RetryPolicy
-from ._errors import RemoteCallError, map_exceptions
+from ._errors import RemoteCallError, RemoteTimeoutError, map_exceptions
 from ._routing import ServerPool, ServerStatistics
 from ._stats import RemoteStatistics
 from ._wire import ParsedGeneration, WireCall, WireProtocol
@@ -101,6 +107,7 @@ __all__ = [
     "RemoteBackend",
     "RemoteCallError",
     "RemoteStatistics",
+    "RemoteTimeoutError",
     "RemoteTimeouts",
     "RetryPolicy",
     "SGLangBackend",

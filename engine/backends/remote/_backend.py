@@ -23,12 +23,12 @@ from typing import Any, ClassVar
 import httpx
 import trio
 
-from ...errors import BackendError
+from ...errors import BackendError, BackendTimeoutError, BackendUnavailableError
 from ...types import ModelRequest, ModelResponse
 from ..base import PerRequestBackend, check_sync_mode
 from ._config import RemoteTimeouts, RetryPolicy
 from ._control import PoolControl, checkpoint_folder
-from ._errors import RemoteCallError, decode_json, describe, excerpt, history, map_exceptions
+from ._errors import RemoteCallError, RemoteTimeoutError, decode_json, describe, excerpt, history, map_exceptions
 from ._health import HealthMonitor
 from ._http import ServerClient
 from ._routing import Server, ServerPool, normalize_url
@@ -188,8 +188,10 @@ class RemoteBackend(PerRequestBackend):
         """Serve one segment with routing, retries, failover and a deadline.
 
         Raises:
-            RemoteCallError: a non-retryable failure, or ``max_attempts`` transient ones.
-            BackendError: no answer within ``request_timeout_s``.
+            RemoteCallError: a non-retryable failure, or ``max_attempts`` transient ones
+                (a :class:`RemoteTimeoutError` when the last one ran past ``attempt_timeout_s``).
+            BackendTimeoutError: no answer within ``request_timeout_s``.
+            BackendUnavailableError: no server was healthy for ``no_server_timeout_s``.
         """
         key = str(request.metadata.get("routing_key", request.rid))
         cost = len(request.input_ids) + budget
@@ -226,6 +228,9 @@ class RemoteBackend(PerRequestBackend):
                         self.pool.record_failure(server, str(exc), eject_now=exc.server_down)
                     if not exc.retryable or attempts >= self.retry.max_attempts:
                         self._stats["requests_failed"] += 1
+                        if isinstance(exc, BackendTimeoutError):  # the last word was a timeout: a typed one
+                            raise RemoteTimeoutError(f"request {request.rid}: {history(failures)}",
+                                                     url=server.url) from exc
                         raise RemoteCallError(f"request {request.rid}: {history(failures)}", url=server.url,
                                               retryable=exc.retryable, server_down=exc.server_down,
                                               server_fault=exc.server_fault) from exc
@@ -261,11 +266,18 @@ class RemoteBackend(PerRequestBackend):
                     ttft=trio.current_time() - sent,  # non-streaming: an upper bound
                 )
         self._stats["deadline_exceeded"] += 1
-        raise BackendError(f"request {request.rid}: no answer within request_timeout_s="
+        raise BackendTimeoutError(f"request {request.rid}: no answer within request_timeout_s="
                            f"{self.timeouts.request_timeout_s} s after {attempts} attempt(s)"
                            + (f" ({history(failures)})" if failures else ""))
 
     async def _choose(self, key: str, failed: Sequence[str]) -> Server:
+        """The server of the next attempt; while none is healthy, wait for a re-admission
+        until ``no_server_timeout_s`` after the last healthy server was lost.
+
+        Raises:
+            RemoteCallError: every server refuses access (at once).
+            BackendUnavailableError: the window passed with no healthy server.
+        """
         while True:
             server = self.pool.choose(key, failed)
             if server is not None:
@@ -274,8 +286,19 @@ class RemoteBackend(PerRequestBackend):
                 self._stats["requests_failed"] += 1
                 raise RemoteCallError(f"{self.kind}: every server refused access: "
                                       + "; ".join(f"{s.denied}" for s in self.pool.servers), access_denied=True)
+            window = self.timeouts.no_server_timeout_s
+            since = self.pool.no_server_since
+            if since is None:  # (every server is ejected, so the pool dated it; never trust that blindly)
+                since = self.pool.no_server_since = trio.current_time()
+            if trio.current_time() >= since + window:
+                self._stats["requests_failed"] += 1
+                self._stats["requests_unavailable"] += 1
+                raise BackendUnavailableError(
+                    f"no healthy {self.kind} server for {trio.current_time() - since:.1f} s "
+                    f"(no_server_timeout_s={window} s): {self.pool.describe_down()}")
             self._stats["waits_for_server"] += 1
-            await self.pool.wait_readmission()
+            with trio.move_on_at(since + window):
+                await self.pool.wait_readmission()
 
     async def prepare(self, server: Server) -> None:
         """Hook run before an attempt (e.g. discover the served model name)."""
@@ -311,8 +334,7 @@ class RemoteBackend(PerRequestBackend):
                 raise RemoteCallError(f"{server.url} was ejected while the request was in flight", url=server.url,
                                       retryable=True, server_fault=False)
             self._stats["attempt_timeouts"] += 1
-            raise RemoteCallError(f"{server.url}: no answer within attempt_timeout_s={timeout} s", url=server.url,
-                                  retryable=True)
+            raise RemoteTimeoutError(f"{server.url}: no answer within attempt_timeout_s={timeout} s", url=server.url)
         finally:
             server.attempt_scopes.discard(eject_scope)
             self.pool.end(server, cost)

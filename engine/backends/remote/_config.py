@@ -26,12 +26,29 @@ def check_seconds(owner: str, name: str, value: Any, *, allow_none: bool = False
 class RemoteTimeouts:
     """Every deadline of a remote backend, in seconds.
 
+    Every value is a finite number of seconds > 0 (``attempt_timeout_s`` may be ``None``);
+    anything else raises :class:`~engine.errors.InvalidRequestError` naming the field.
+
     Attributes:
         connect_timeout_s: opening a TCP connection.
         request_timeout_s: one :meth:`RemoteBackend.generate` call from start to answer:
-            pause and re-admission waits, every attempt, backoff and failover.
-        attempt_timeout_s: one HTTP attempt; ``None`` = bounded by ``request_timeout_s``
-            only (a long generation legitimately takes minutes).
+            pause and re-admission waits, every attempt, backoff and failover; past it the
+            request fails with :class:`~engine.errors.BackendTimeoutError`.
+        attempt_timeout_s: one HTTP generation attempt (a server that accepts the request
+            and never answers): the attempt is aborted on that server and retried, on
+            another healthy server at once if there is one; when the last attempt timed
+            out the request fails with :class:`~engine.errors.BackendTimeoutError`
+            (reason ``"backend_timeout"``).  Default 1800 s: a long non-streaming
+            generation legitimately takes many minutes, and half of ``request_timeout_s``
+            leaves room for a failover.  ``None``: bounded by ``request_timeout_s`` only.
+        no_server_timeout_s: how long requests wait while no server of the pool is healthy
+            (every one ejected), counted from the moment the last healthy server was lost;
+            a server re-admitted meanwhile serves them.  Then the waiting requests, and
+            every new one until a server is re-admitted, fail with
+            :class:`~engine.errors.BackendUnavailableError` (reason
+            ``"backend_unavailable"``); while it lasts a warning every 30 s names each
+            down server and its last error.  Default 300 s (five minutes: a restart of a
+            server that loads its model again fits).
         health_interval_s: between two rounds of health probes.
         health_timeout_s: one health probe.
         abort_timeout_s: one abort call (sent shielded when a request is cancelled).
@@ -41,7 +58,8 @@ class RemoteTimeouts:
 
     connect_timeout_s: float = 10.0
     request_timeout_s: float = 3600.0
-    attempt_timeout_s: float | None = None
+    attempt_timeout_s: float | None = 1800.0
+    no_server_timeout_s: float = 300.0
     health_interval_s: float = 5.0
     health_timeout_s: float = 10.0
     abort_timeout_s: float = 5.0

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from ...errors import BackendError
+from ...errors import BackendError, BackendTimeoutError
 
-__all__ = ["RemoteCallError", "check_success", "decode_json", "describe", "excerpt", "history", "map_exceptions"]
+__all__ = ["RemoteCallError", "RemoteTimeoutError", "check_success", "decode_json", "describe", "excerpt", "history", "map_exceptions"]
 
 
 class RemoteCallError(BackendError):
@@ -42,13 +42,22 @@ class RemoteCallError(BackendError):
         self.access_denied = access_denied
 
 
+class RemoteTimeoutError(RemoteCallError, BackendTimeoutError):
+    """An exchange with a server got no answer in time (``attempt_timeout_s``, a control
+    call's deadline, an httpx read/write timeout): retryable, and a
+    :class:`~engine.errors.BackendTimeoutError` when it is the request's last word."""
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(message, url=url, retryable=True)
+
+
 @contextmanager
 def map_exceptions(url: str) -> Iterator[None]:
     """Translate what one HTTP exchange with ``url`` can raise into :class:`RemoteCallError`.
 
     The one place where transport errors are classified (httpx ``map_httpcore_exceptions``):
-    refused/unreachable -> retryable, server down; timeout, lost connection, OS error ->
-    retryable; any other httpx error (bad URL, protocol misuse) -> not retryable.
+    refused/unreachable -> retryable, server down; timeout (:class:`RemoteTimeoutError`),
+    lost connection, OS error -> retryable; any other httpx error (bad URL, protocol misuse) -> not retryable.
     """
     try:
         yield
@@ -56,7 +65,7 @@ def map_exceptions(url: str) -> Iterator[None]:
         raise RemoteCallError(f"cannot connect to {url}: {describe(exc)}", url=url, retryable=True,
                               server_down=True) from exc
     except httpx.TimeoutException as exc:
-        raise RemoteCallError(f"timeout talking to {url}: {describe(exc)}", url=url, retryable=True) from exc
+        raise RemoteTimeoutError(f"timeout talking to {url}: {describe(exc)}", url=url) from exc
     except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
         raise RemoteCallError(f"connection to {url} lost: {describe(exc)}", url=url, retryable=True) from exc
     except httpx.HTTPError as exc:

@@ -7,6 +7,11 @@ refuses a connection; an ejection by probes (the server stopped answering: presu
 cancels its attempts in flight, which fail over (on a dead server they fail on their own).
 HTTP 401/403 ejects a server for good.  A successful probe re-admits a server, after
 replaying a weight update it missed (``replay``, from the control plane).
+
+While no server is healthy (an outage), a warning names each server and its last error at
+once, then every :data:`NO_SERVER_WARNING_INTERVAL_S` seconds, and when
+``no_server_timeout_s`` passes (requests then fail ``backend_unavailable``: the request
+machine, ``_backend``, enforces the window).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from ._errors import RemoteCallError
 from ._http import ServerClient
 from ._routing import Server, ServerPool
 
-__all__ = ["HealthMonitor"]
+__all__ = ["HealthMonitor", "NO_SERVER_WARNING_INTERVAL_S"]
+
+#: While no server is healthy, a warning at least this often (seconds).
+NO_SERVER_WARNING_INTERVAL_S = 30.0
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
@@ -77,10 +85,42 @@ class HealthMonitor:
                            f"startup_timeout_s={self.timeouts.startup_timeout_s} s ({details})")
 
     async def run(self) -> None:
-        """Probe every ``health_interval_s`` until cancelled."""
+        """Probe every ``health_interval_s``, and warn through outages, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._warn_through_outages)
+            while True:
+                await trio.sleep(self.timeouts.health_interval_s)
+                await self.check()
+
+    async def _warn_through_outages(self) -> None:
+        """While no server is healthy: a warning at once, then every
+        :data:`NO_SERVER_WARNING_INTERVAL_S`, and one when ``no_server_timeout_s`` passes."""
+        window = self.timeouts.no_server_timeout_s
         while True:
-            await trio.sleep(self.timeouts.health_interval_s)
-            await self.check()
+            await self.pool.wait_outage()
+            since = self.pool.no_server_since
+            if since is None:
+                continue
+            next_at, said_past = trio.current_time(), False
+            while self.pool.no_server_since == since:
+                now = trio.current_time()
+                past = now >= since + window
+                if now >= next_at or (past and not said_past):
+                    self._warn_outage(now - since, past)
+                    said_past = said_past or past
+                    next_at = now + NO_SERVER_WARNING_INTERVAL_S
+                with trio.move_on_at(next_at if said_past else min(next_at, since + window)):
+                    await self.pool.wait_readmission()
+
+    def _warn_outage(self, down_s: float, past: bool) -> None:
+        window = self.timeouts.no_server_timeout_s
+        if past:
+            logger.warning("no healthy %s server for %.1f s, past no_server_timeout_s=%s s: requests fail "
+                           "backend_unavailable until a server is re-admitted (%s)", self.kind, down_s, window,
+                           self.pool.describe_down())
+        else:
+            logger.warning("no healthy %s server for %.1f s: requests wait up to no_server_timeout_s=%s s, then "
+                           "fail backend_unavailable (%s)", self.kind, down_s, window, self.pool.describe_down())
 
     async def check(self, *, eject_now: bool = False) -> dict[str, bool]:
         """Probe every server once (concurrently); eject and re-admit accordingly.

@@ -15,7 +15,7 @@ import httpx
 import trio
 
 from ._config import RemoteTimeouts
-from ._errors import RemoteCallError, decode_json, map_exceptions
+from ._errors import RemoteCallError, RemoteTimeoutError, decode_json, map_exceptions
 
 __all__ = ["ServerClient"]
 
@@ -70,7 +70,7 @@ class ServerClient:
             with map_exceptions(url):
                 response = await self.client.request(method, url + path, json=json, params=params)
             return decode_json(response, url, path, allow_empty=allow_empty, decode=decode)
-        raise RemoteCallError(f"{url}{path}: no answer within {timeout_s} s", url=url, retryable=True)
+        raise RemoteTimeoutError(f"{url}{path}: no answer within {timeout_s} s", url=url)
 
     async def broadcast(self, urls: Sequence[str], method: str, path: str, *, json: Any = None,
                         params: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, RemoteCallError]]:

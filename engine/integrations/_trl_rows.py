@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 from typing import Any
 
 from ..errors import InvalidRequestError
@@ -46,7 +47,7 @@ def batch_rows(prompts: list[Any], trainer: Any) -> list[dict[str, Any]] | None:
     """The dataset rows of this ``rollout_func`` call (one per prompt), read from the
     calling ``_generate_and_score_completions(inputs)`` frame of ``trainer``; None when no
     such frame is on the stack (another TRL version, or a direct call)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     try:
         for _ in range(_MAX_DEPTH):
             if frame is None:

@@ -404,9 +404,11 @@ def _trl_version() -> str:
         return "unknown"
 
 
-def engine_reward(completions: list[Any], engine_reward: list[float] | None = None, **kwargs: Any) -> list[float]:
+def engine_reward(completions: list[Any], engine_reward: list[float] | None = None,
+                  **kwargs: Any) -> list[float | None]:
     """TRL reward function that returns the engine's reward of each completion (the
-    ``engine_reward`` column :class:`TRLRollout` adds): ``GRPOTrainer(reward_funcs=engine_reward)``.
+    ``engine_reward`` column :class:`TRLRollout` adds): ``GRPOTrainer(reward_funcs=engine_reward)``
+    (typed as TRL's reward functions are: ``list[float | None]``; every value is a float).
     The workflow's reward ran in the engine's reward pool (killable workers, timeouts).
 
     Raises:

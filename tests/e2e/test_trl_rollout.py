@@ -163,6 +163,17 @@ def test_grpo_steps_sync_weights_and_logprobs_match_trls_recomputation(tmp_path,
     assert stats.eval_calls == len(evals) and stats.samples_rerun == 0
 
 
+def test_folder_weight_sync_is_what_server_backends_get(tmp_path, tok, engine):
+    """The vLLM/SGLang path (``save_pretrained`` folder -> ``engine.update_weights(folder)``), on the hf backend."""
+    weights = tmp_path / "weights"
+    rollout = TRLRollout(engine, rlvr(tok), TRLRolloutConfig(weight_sync="folder", weights_dir=str(weights)))
+    trainer = trainer_for(tmp_path, tok, rollout, max_steps=2)
+    trainer.train()
+    assert [c["versions"] for c in trainer.calls] == [[0], [1]]
+    assert all(c["logp_diff"] < 1e-4 for c in trainer.calls)
+    assert sorted(p.name for p in weights.iterdir()) == ["step-1"]  # the previous step's folder is removed
+
+
 @pytest.mark.parametrize("fault", ["reward", "backend"])
 def test_rows_stay_aligned_when_a_sample_fails_once(tmp_path, tok, engine, backend, fault):
     failed = []
@@ -270,6 +281,7 @@ BAD = {
     "chat_template": (lambda tok: (rlvr(_retemplated(tok)), None), {}, "different chat template"),
     "run_ahead": (lambda tok: (rlvr(tok), TRLRolloutConfig(max_staleness=1)), {}, "off_policy_mask_threshold"),
     "text_prompts": (lambda tok: (rlvr(tok), None), {"text": True}, "get_input_ids_fn=engine.integrations.trl"),
+    "weights_dir": (lambda tok: (rlvr(tok), TRLRolloutConfig(weight_sync="folder")), {}, "weights_dir=..."),
 }
 
 

@@ -58,17 +58,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRequestError, RolloutError
-from ._trl_ahead import Lookahead
+from ..errors import InvalidRequestError
+from ._trl_ahead import Lookahead, RunAhead
 from ._trl_checks import check_grouping, check_run_ahead, check_sampling, check_tokenizer, workflow_parts
 from ._trl_engine import BlockingEngine, sync_weights
-from ._trl_rows import COLUMNS, batch_rows, completion_columns, episode_data, is_conversational
+from ._trl_groups import Episodes, Group, IncompleteBatchError
+from ._trl_rows import COLUMNS, batch_rows, episode_data, is_conversational
 
 __all__ = ["IncompleteBatchError", "TRLRollout", "TRLRolloutConfig", "TRLRolloutStatistics", "engine_reward",
            "trl_prompt_ids"]
@@ -76,11 +76,6 @@ __all__ = ["IncompleteBatchError", "TRLRollout", "TRLRolloutConfig", "TRLRollout
 logger = logging.getLogger(f"rollout.{__name__}")
 
 WEIGHT_SYNC_MODES = ("auto", "tensors", "folder")
-
-
-class IncompleteBatchError(RolloutError):
-    """A prompt of a ``rollout_func`` call did not get all its completions within
-    ``max_attempts`` attempts per sample; the message names the prompt and the last reason."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +131,8 @@ class TRLRolloutStatistics:
         weight_syncs: weight syncs done; ``version``: the last synced version (-1: none).
         prefetched_calls: training calls served by run-ahead; ``prefetch_misses``: predictions
             that did not match TRL's prompts (run-ahead then stops).
+        wait_s: seconds TRL spent inside ``rollout_func`` (weight syncs included); ``sync_s``:
+            of which weight syncs.
     """
 
     calls: int = 0
@@ -146,37 +143,8 @@ class TRLRolloutStatistics:
     version: int = -1
     prefetched_calls: int = 0
     prefetch_misses: int = 0
-
-
-@dataclass(eq=False)
-class _Group:
-    """One prompt block of a call: its episode data and the completions it has."""
-
-    prompt: Any
-    data: dict[str, Any]
-    size: int
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    attempts: int = 1
-    failure: str | None = None
-    exhausted: bool = False
-    pending: list[tuple[int, int]] = field(default_factory=list)  # (task id, samples asked)
-
-
-@dataclass(eq=False)
-class _Prefetch:
-    prompts: list[Any]
-    groups: list[_Group]
-
-
-def _why(result: Any) -> str:
-    """One line: why an episode gave fewer rows than asked."""
-    if result.status != "accepted":
-        detail = f": {result.error_type}: {result.error_message}" if result.error_type else ""
-        return f"{result.status} ({result.reason}){detail}".replace("\n", " ")
-    if result.member_errors:
-        _, reason, etype, message = result.member_errors[0]
-        return f"failed ({reason}): {etype}: {message}".replace("\n", " ")
-    return "rejected (workflow_returned_none)"
+    wait_s: float = 0.0
+    sync_s: float = 0.0
 
 
 class TRLRollout:
@@ -210,16 +178,23 @@ class TRLRollout:
         self.workflow = resolve_workflow(workflow, workflow_kwargs)
         self.should_accept_fn = should_accept_fn
         self._engine = BlockingEngine(engine)
+        self._episodes = Episodes(self._engine, self.workflow, should_accept_fn)
         self._checked = False
         self._synced_step: int | None = None
         self._folders: list[Path] = []
-        self._lookahead: Lookahead | None = None
-        self._ahead: deque[_Prefetch] = deque()
-        self._stats: dict[str, int] = {}
+        self._ahead: RunAhead | None = None
+        self._stats: dict[str, Any] = {}
         self._no_rows_logged = False
 
     # -- the call ------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        start = time.perf_counter()
+        try:
+            return self._call(prompts, trainer)
+        finally:
+            self._count("wait_s", time.perf_counter() - start)
+
+    def _call(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         training = bool(trainer.model.training)
         group = int(trainer.num_generations if training else trainer.num_generations_eval)
         check_grouping(len(prompts), group, "train" if training else "eval")
@@ -239,21 +214,20 @@ class TRLRollout:
                         f"{group} times in a row (a custom sampler or dataloader must do the same)")
         if training:
             self._count("calls")
-            step = int(trainer.state.global_step)
-            if step != self._synced_step:
-                self._sync(trainer, step)
+            self.sync_weights(trainer)
         else:
             self._count("eval_calls")
         deadline = time.monotonic() + self.config.call_timeout_s
-        groups = self._prefetched(prompts) if training else None
+        groups = self._ahead.take(prompts) if training and self._ahead is not None else None
         if groups is None:
-            groups = [_Group(prompts[s], episode_data(prompts[s], rows[s] if rows else None,
-                                                      trainer.processing_class), group) for s in starts]
+            groups = [Group(prompts[s], episode_data(prompts[s], rows[s] if rows else None,
+                                                     trainer.processing_class), group) for s in starts]
             for g in groups:
-                self._submit(g, group)
-        self._collect(groups, deadline)
-        if training and self.config.max_staleness:
-            self._run_ahead(trainer, group)
+                self._episodes.submit(g, group)
+        self._episodes.collect(groups, deadline=deadline, max_attempts=self.config.max_attempts,
+                               call_timeout_s=self.config.call_timeout_s)
+        if training and self._ahead is not None:
+            self._ahead.top_up(trainer.processing_class, group)
         return self._columns(groups, group)
 
     def _first_call(self, prompts: list[Any], trainer: Any) -> None:
@@ -271,61 +245,34 @@ class TRLRollout:
                     "chat template: build it with get_input_ids_fn=engine.integrations.trl.trl_prompt_ids "
                     "(or use a conversational 'prompt' column)")
         if self.config.max_staleness:
-            self._lookahead = Lookahead(trainer)
+            self._ahead = RunAhead(Lookahead(trainer), self.config.max_staleness, self._episodes)
         self._checked = True
 
-    def _sync(self, trainer: Any, step: int) -> None:
+    def sync_weights(self, trainer: Any) -> bool:
+        """Publish the trainer's weights as version ``trainer.state.global_step`` unless that
+        step is already synced (each training call does this first; call it yourself to
+        generate with the current weights outside TRL, e.g. an evaluation of your own).
+        Returns whether it synced.
+
+        Raises:
+            InvalidRequestError: folder mode without ``weights_dir``; a PEFT model.
+            BackendError: the backend refused the weights.
+        """
+        step = int(trainer.state.global_step)
+        if step == self._synced_step:
+            return False
+        start = time.perf_counter()
         how = sync_weights(self._engine, trainer, version=step, mode=self.config.weight_sync,
                            weights_dir=self.config.weights_dir, previous=self._folders)
         if how == "callable" and self._engine.version != step:
             self._engine.set_version(step)
         self._synced_step = step
         self._count("weight_syncs")
+        self._count("sync_s", time.perf_counter() - start)
+        return True
 
-    # -- episodes ------------------------------------------------------------------------------
-    def _submit(self, g: _Group, count: int) -> None:
-        task_id = self._engine.submit(dict(g.data), self.workflow, workflow_kwargs=None,
-                                      should_accept_fn=self.should_accept_fn, group_size=count)
-        g.pending.append((task_id, count))
-
-    def _collect(self, groups: list[_Group], deadline: float) -> None:
-        """Wait for every group's episodes, re-running missing samples; raise once all ended."""
-        queue = deque(g for g in groups if g.pending)
-        while queue:
-            g = queue.popleft()
-            task_id, asked = g.pending.pop(0)
-            remaining = deadline - time.monotonic()
-            try:
-                result = self._engine.wait_for_task(task_id, max(remaining, 0.0))
-            except TimeoutError as exc:
-                running = sum(len(x.pending) for x in groups) + 1
-                raise TimeoutError(f"rollout_func: call_timeout_s={self.config.call_timeout_s} passed with {running} "
-                                   f"episode(s) still running ({exc})") from None
-            got = completion_columns(result.trajectory) if result.status == "accepted" else []
-            if len(got) > asked:
-                raise InvalidRequestError(
-                    f"rollout_func: an episode of group_size {asked} returned {len(got)} rows; TRL needs one "
-                    "completion per sample: make the workflow return one row per episode")
-            g.rows += got
-            missing = asked - len(got)
-            if missing:
-                g.failure = _why(result)
-                if g.attempts >= self.config.max_attempts:
-                    g.exhausted = True
-                else:
-                    g.attempts += 1
-                    self._count("samples_rerun", missing)
-                    self._submit(g, missing)
-            if g.pending:
-                queue.append(g)
-        for i, g in enumerate(groups):
-            if g.exhausted:
-                raise IncompleteBatchError(
-                    f"rollout_func: prompt {i} ({_excerpt(g.prompt)}) got {len(g.rows)} of {g.size} completions in "
-                    f"{self.config.max_attempts} attempt(s); last: {g.failure}; fix the cause or raise "
-                    "TRLRolloutConfig(max_attempts=...)")
-
-    def _columns(self, groups: list[_Group], group: int) -> dict[str, list[Any]]:
+    # -- output ------------------------------------------------------------------------------
+    def _columns(self, groups: list[Group], group: int) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {name: [] for name in (*COLUMNS, "env_mask")}
         for g in groups:
             for row in g.rows[:group]:
@@ -337,62 +284,22 @@ class TRLRollout:
         self._count("completions", len(out["prompt_ids"]))
         return out
 
-    # -- run-ahead ----------------------------------------------------------------------------
-    def _prefetched(self, prompts: list[Any]) -> list[_Group] | None:
-        """The groups prefetched for this call, when the prediction matches ``prompts``."""
-        if not self._ahead:
-            if self._lookahead is not None and self._stats.get("calls", 0) == 1:  # the first call: align
-                indices = self._lookahead.next_call()
-                if indices is None or [self._lookahead.dataset[i]["prompt"] for i in indices] != prompts:
-                    self._stop_run_ahead("the first call's prompts are not the sampler's first batch")
-            return None
-        ahead = self._ahead.popleft()
-        if ahead.prompts == prompts:
-            self._count("prefetched_calls")
-            return ahead.groups
-        self._ahead.appendleft(ahead)
-        self._stop_run_ahead("TRL's prompts differ from the predicted ones")
-        return None
-
-    def _run_ahead(self, trainer: Any, group: int) -> None:
-        while self._lookahead is not None and len(self._ahead) < self.config.max_staleness:
-            indices = self._lookahead.next_call()
-            if indices is None:
-                return
-            rows = self._lookahead.rows(indices)
-            prompts = [r["prompt"] for r in rows]
-            groups = [_Group(prompts[s], episode_data(prompts[s], rows[s], trainer.processing_class), group)
-                      for s in range(0, len(prompts), group)]
-            for g in groups:
-                self._submit(g, group)
-            self._ahead.append(_Prefetch(prompts, groups))
-
-    def _stop_run_ahead(self, why: str) -> None:
-        self._count("prefetch_misses")
-        logger.warning("rollout_func: run-ahead stops: %s (a resumed run or a custom dataloader?)", why)
-        self._lookahead = None
-        self.discard_prefetched()
-
     def discard_prefetched(self, timeout_s: float = 600.0) -> None:
         """Wait for the episodes run ahead and drop them (e.g. after ``trainer.train()``, to
         leave the engine with nothing unconsumed).  Closing the engine also cancels them."""
-        while self._ahead:
-            for g in self._ahead.popleft().groups:
-                for task_id, _ in g.pending:
-                    self._engine.wait_for_task(task_id, timeout_s)
+        if self._ahead is not None:
+            self._ahead.discard(timeout_s)
 
     def statistics(self) -> TRLRolloutStatistics:
         """A frozen snapshot (sync, cheap)."""
-        return TRLRolloutStatistics(**self._stats, version=-1 if self._synced_step is None else self._synced_step)
+        ahead = self._ahead
+        return TRLRolloutStatistics(**self._stats, samples_rerun=self._episodes.reruns,
+                                    prefetched_calls=ahead.hits if ahead else 0,
+                                    prefetch_misses=ahead.misses if ahead else 0,
+                                    version=-1 if self._synced_step is None else self._synced_step)
 
-    def _count(self, name: str, n: int = 1) -> None:
+    def _count(self, name: str, n: float = 1) -> None:
         self._stats[name] = self._stats.get(name, 0) + n
-
-
-def _excerpt(prompt: Any, width: int = 60) -> str:
-    text = prompt[-1].get("content", "") if is_conversational(prompt) else prompt
-    text = " ".join(str(text).split())
-    return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
 def _trl_version() -> str:

@@ -161,6 +161,7 @@ def test_grpo_steps_sync_weights_and_logprobs_match_trls_recomputation(tmp_path,
     stats = rollout.statistics()
     assert (stats.calls, stats.weight_syncs, stats.version) == (3, 3, 2)  # eval synced nothing
     assert stats.eval_calls == len(evals) and stats.samples_rerun == 0
+    assert stats.wait_s > stats.sync_s > 0
 
 
 def test_folder_weight_sync_is_what_server_backends_get(tmp_path, tok, engine):

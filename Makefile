@@ -16,7 +16,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 bench bench-sweep bench-shards bench-soak areal-peer clean
+.PHONY: install model run test test-smollm2 bench bench-sweep bench-shards bench-soak learn areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,14 @@ bench-shards: $(VENV)/.bench
 
 bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py
+
+# The learning proof (benchmarks/learn.py): GRPO through TRL's GRPOTrainer with TRLRollout on
+# SmolLM2-135M-Instruct; held-out greedy accuracy before/after, JSON + PNG in benchmarks/results/,
+# the final policy saved with save_pretrained.  LEARN_ARGS="--max-staleness 1" runs it asynchronously.
+LEARN_ARGS ?=
+
+learn: $(VENV)/.bench
+	$(BIN)/python benchmarks/learn.py $(LEARN_ARGS)
 
 clean:
 	rm -rf $(VENV) rollout-out .pytest_cache

@@ -27,7 +27,8 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 
-__all__ = ["check_grouping", "check_run_ahead", "check_sampling", "check_tokenizer", "workflow_parts"]
+__all__ = ["check_engine_config", "check_grouping", "check_run_ahead", "check_sampling", "check_tokenizer",
+           "workflow_parts"]
 
 _NO_TOP_K = 1 << 20  # our top_k at or above this (default 1e8) means "no top-k filter", as TRL's 0 does
 
@@ -67,6 +68,18 @@ def check_sampling(gconfig: Any, args: Any) -> None:
         raise InvalidRequestError(
             f"rollout_func: GRPOConfig.min_p is {args.min_p}; the engine samples without min_p and TRL "
             "recomputes logprobs without it: set min_p=None")
+
+
+def check_engine_config(config: Any) -> None:
+    """The engine must not bound staleness itself: its AReaL capacity formula counts accepted
+    episodes against ``consumer_batch_size`` per version, which TRL's calls do not follow (the
+    episodes of one call would wait for a version that only comes after the call)."""
+    eta = getattr(config, "max_head_offpolicyness", None)
+    if eta is not None:
+        raise InvalidRequestError(
+            f"rollout_func: the engine has EngineConfig(max_head_offpolicyness={eta}); TRL paces generation "
+            "here: build the engine with max_head_offpolicyness=None and bound run-ahead with "
+            "TRLRolloutConfig(max_staleness=...)")
 
 
 def check_grouping(n_prompts: int, group: int, mode: str) -> None:

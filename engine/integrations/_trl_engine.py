@@ -105,6 +105,11 @@ class BlockingEngine:
             return self.engine.statistics()
         return self._hop(True, self.engine.statistics)
 
+    def engine_config(self) -> Any:
+        """The engine's :class:`~engine.EngineConfig` (None: the facade was given none: the defaults)."""
+        config = getattr(self.engine, "config", None)
+        return config if config is not None else getattr(self.engine, "_config", None)
+
     def backend_kind(self) -> str:
         return str(self.statistics().backend.kind)
 

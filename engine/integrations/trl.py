@@ -45,7 +45,8 @@ call:
   template tokens of multi-turn and agent episodes; by default only when it has a 0).
 * **Checks** at the first call, one line each (:mod:`._trl_checks`): sampling parameters
   against ``GRPOConfig``, ``num_generations`` dividing the prompts, the tokenizer against
-  ``processing_class``, run-ahead without a correction.
+  ``processing_class``, run-ahead without a correction, an engine that bounds staleness
+  itself (``EngineConfig.max_head_offpolicyness`` must be None: TRL paces generation).
 * **Run-ahead** (``TRLRolloutConfig(max_staleness=N)``, N >= 1): after each training call
   the next N calls' prompts (predicted from TRL's sampler, :mod:`._trl_ahead`) start
   generating while TRL trains; weight syncs land mid-generation (tokens carry their
@@ -65,7 +66,8 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ._trl_ahead import Lookahead, RunAhead
-from ._trl_checks import check_grouping, check_run_ahead, check_sampling, check_tokenizer, workflow_parts
+from ._trl_checks import (check_engine_config, check_grouping, check_run_ahead, check_sampling, check_tokenizer,
+                          workflow_parts)
 from ._trl_engine import BlockingEngine, sync_weights
 from ._trl_groups import Episodes, Group, IncompleteBatchError
 from ._trl_rows import COLUMNS, batch_rows, episode_data, is_conversational
@@ -232,6 +234,7 @@ class TRLRollout:
 
     def _first_call(self, prompts: list[Any], trainer: Any) -> None:
         gconfig, tokenizer = workflow_parts(self.workflow)
+        check_engine_config(self._engine.engine_config())
         check_sampling(gconfig, trainer.args)
         check_tokenizer(tokenizer, trainer.processing_class)
         check_run_ahead(self.config.max_staleness, self.config.allow_uncorrected_off_policy, trainer.args,

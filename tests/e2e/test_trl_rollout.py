@@ -298,6 +298,15 @@ def test_each_bad_set_up_gives_one_line_naming_the_fix(tmp_path, tok, engine, ca
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
+def test_an_engine_that_bounds_staleness_itself_is_refused(tmp_path, tok, tiny):
+    backend = HFBackend(tiny, tok, device="cpu", dtype="float32")
+    with RolloutEngineThread(backend, EngineConfig(max_head_offpolicyness=0), reward_pool=InProcessRewardPool()) as eng:
+        rollout = TRLRollout(eng, rlvr(tok), TRLRolloutConfig(call_timeout_s=30))  # without the check: a stall
+        trainer = trainer_for(tmp_path, tok, rollout, max_steps=1)
+        with pytest.raises(InvalidRequestError, match=r"max_head_offpolicyness=None and bound run-ahead"):
+            trainer.train()
+
+
 def test_prompts_that_num_generations_does_not_divide_are_refused(tmp_path, tok, engine):
     rollout = TRLRollout(engine, rlvr(tok))
     trainer = trainer_for(tmp_path, tok, rollout, max_steps=1)

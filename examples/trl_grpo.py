@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from engine import EngineConfig, GenerationHyperparameters, RolloutEngineThread
+    from engine import EngineConfig, GenerationHyperparameters, RolloutEngineThread, RolloutError
     from engine.integrations.trl import TRLRollout, TRLRolloutConfig, engine_reward
     from engine.models import resolve_model
     from workflows.rlvr import RLVRWorkflow
@@ -129,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         trainer = GRPOTrainer(model=path, reward_funcs=engine_reward, args=grpo, train_dataset=trl_dataset(args.dataset),
                               processing_class=tokenizer, rollout_func=rollout, callbacks=[OneLine()])
         trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        try:
+            trainer.train()
+        except RolloutError as exc:  # a bad set-up or a batch that could not be completed: one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         rollout.discard_prefetched()
         stats = engine.statistics()
         print(f"done: {rollout.statistics()}; engine accepted {stats.accepted}, failed {stats.failed}, "

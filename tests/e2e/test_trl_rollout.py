@@ -343,3 +343,12 @@ def test_statistics_are_a_frozen_snapshot(tok, engine):
     assert stats.calls == 0 and stats.version == -1
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.calls = 1
+
+
+def test_importing_the_adapter_imports_neither_trl_nor_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, engine.integrations, engine.integrations.trl; print('trl' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

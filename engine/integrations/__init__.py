@@ -1,0 +1,12 @@
+"""Trainer adapters: trio-rollout as the rollout backend of other RL trainers.
+
+Each module here fits the engine behind one trainer's own seam and imports that
+trainer lazily (importing ``engine.integrations`` imports no trainer):
+
+* :mod:`engine.integrations.trl`: Hugging Face TRL's ``GRPOTrainer(rollout_func=...)``
+  (the ``trl`` extra: ``pip install "trio-rollout[trl]"``).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -313,7 +313,7 @@ async def _open_backend(cfg: RealBenchConfig) -> tuple[Any, Any, dict[str, Any]]
 
         tokenizer, backend = await trio.to_thread.run_sync(load)
         return tokenizer, backend, {"model": cfg.model or "builtin:smollm2", "servers": []}
-    from engine._served import open_remote_backend
+    from engine.backends.remote._startup import open_remote_backend
 
     args = argparse.Namespace(backend=cfg.backend, server=list(cfg.servers), model=cfg.model,
                               request_timeout=cfg.request_timeout_s, startup_timeout=cfg.startup_timeout_s)

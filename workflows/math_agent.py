@@ -40,7 +40,7 @@ from engine.errors import InvalidRequestError
 from engine.imports import resolve_reward_fn
 from engine.types import GenerationHyperparameters
 
-from .base import RolloutWorkflow
+from engine.workflow import RolloutWorkflow
 from .rlvr import _decode
 
 __all__ = ["CALCULATOR_TOOL", "CalculatorError", "DEFAULT_SYSTEM_PROMPT", "MathAgentWorkflow", "calculate"]

@@ -38,7 +38,8 @@ from engine.imports import resolve_reward_fn
 from engine.trajectory import Injected, Sampled, build_trajectory
 from engine.types import GenerationHyperparameters, ModelRequest
 
-from .base import RolloutWorkflow, sample_gconfig
+from engine.workflow import RolloutWorkflow
+from .base import sample_gconfig
 from .rlvr import _decode
 
 __all__ = ["DEFAULT_FEEDBACK", "MultiTurnWorkflow"]

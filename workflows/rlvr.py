@@ -23,16 +23,16 @@ from typing import Any
 import trio
 
 from engine.chat import check_messages
-from engine.chat_splice import render_chat
-from engine.encode import encode_prompt
+from engine.chat import render_chat
+from engine.chat import encode_prompt
 from engine.data import concat_padded_tensors
-from engine.episode_context import episode_id, sample_index
+from engine.context import episode_id, sample_index
 from engine.imports import resolve_reward_fn
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
 from rewards import TokenText, rust_tokenizer, tokenizer_file
 
-from .base import RolloutWorkflow
+from engine.workflow import RolloutWorkflow
 
 __all__ = ["RLVRWorkflow", "default_get_input_ids"]
 

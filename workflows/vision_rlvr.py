@@ -41,7 +41,8 @@ import torch
 import trio
 
 from engine.chat import check_messages
-from engine.data import concat_padded_tensors, trajectory_from_response
+from engine.data import concat_padded_tensors
+from engine.trajectory import trajectory_from_response
 from engine.errors import InvalidRequestError
 from engine.types import GenerationHyperparameters, ModelRequest
 

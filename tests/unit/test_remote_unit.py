@@ -17,7 +17,7 @@ import trio
 from trio.testing import wait_all_tasks_blocked
 
 from engine import BackendError, InvalidRequestError, ModelRequest, open_rollout_engine
-from engine.backends import remote, sglang, vllm
+from engine.backends import remote, remote as sglang, remote as vllm
 from engine.backends.remote import (
     RemoteCallError,
     RemoteTimeouts,

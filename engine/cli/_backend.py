@@ -23,7 +23,7 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .models import resolve_model
+    from ..models import resolve_model
 
     hf_logging.disable_progress_bar()  # ours is the only progress bar
 
@@ -31,24 +31,24 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     if args.backend == "hf":
-        from .backends.hf import HFBackend
+        from ..backends.hf import HFBackend
 
         path = resolve_model(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         if args.shards:  # each shard process loads its own copy (an HFBackend cannot be pickled)
-            from .backends.hf import HFBackendFactory
+            from ..backends.hf import HFBackendFactory
 
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # more than one: a GPU per shard
             return tokenizer, HFBackendFactory(path, devices=[f"cuda:{i}" for i in range(gpus)] if gpus > 1 else None,
                                                max_batch_size=args.concurrency)
         return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
     if args.model is None:
-        from .testing import build_tiny_tokenizer
+        from ..models._tiny import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
     else:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-    from ._cli_options import sim_backend
+    from ._options import sim_backend
 
     return tokenizer, sim_backend(args, tokenizer)  # --sim-* options
 
@@ -56,7 +56,7 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
     if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
-        from ._served import open_remote_backend
+        from ..backends.remote._startup import open_remote_backend
 
         return await open_remote_backend(args)
     tokenizer, backend = await trio.to_thread.run_sync(tokenizer_and_backend, args)
@@ -69,10 +69,10 @@ async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, A
 def open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: Any) -> Any:
     """``open_rollout_engine``, or with ``--shards N`` ``open_sharded_engine``."""
     if not args.shards:
-        from .executor import open_rollout_engine
+        from ..executor import open_rollout_engine
 
         return open_rollout_engine(backend, config, tokenizer=tokenizer)
-    from .shards import open_sharded_engine
+    from ..shards import open_sharded_engine
 
     return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
                                ray_address=args.ray_address if args.shard_backend == "ray" else None,

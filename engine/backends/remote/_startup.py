@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidRequestError
+from ...errors import InvalidRequestError
 
 __all__ = ["choose_tokenizer", "open_remote_backend"]
 
@@ -43,10 +43,10 @@ async def open_remote_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[
     """
     import trio
 
-    from .backends.remote import make_remote_backend
-    from .backends.remote.vllm import LogprobsModeError
+    from . import make_remote_backend
+    from .vllm import LogprobsModeError
 
-    from ._cli_deadlines import remote_deadlines
+    from ...cli._deadlines import remote_deadlines
 
     backend = make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout,
                                   startup_timeout_s=args.startup_timeout,
@@ -75,7 +75,7 @@ _CLI_LOGPROBS_FIX = ("restart the server with --logprobs-mode processed_logprobs
 def _load(spec: str) -> Any:
     from transformers import AutoTokenizer
 
-    from .models import resolve_model
+    from ...models import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(spec))
 

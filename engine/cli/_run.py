@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import time
@@ -16,11 +15,9 @@ from typing import Any
 
 import trio
 
+from .._jsonable import plain
+from ..errors import unwrap_single
 from ._backend import open_engine, setup_backend
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
-
 from ._parser import build_parser
 
 
@@ -62,9 +59,7 @@ async def _run(args: argparse.Namespace, explicit: AbstractSet[str] = frozenset(
             outcome = exc
         guard.cancel_scope.cancel()
     if isinstance(outcome, BaseException):
-        while isinstance(outcome, BaseExceptionGroup) and len(outcome.exceptions) == 1:
-            outcome = outcome.exceptions[0]
-        raise outcome
+        raise unwrap_single(outcome)
     return outcome
 
 
@@ -106,9 +101,9 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
             s = engine.statistics()
             fields.update(final_version=s.version, reward_fallbacks=s.reward_fallbacks,
                           retokenization_drifts=s.retokenization_drifts,
-                          reward_statistics=_plain(s.rewards), backend_statistics=_plain(s.backend))
+                          reward_statistics=plain(s.rewards), backend_statistics=plain(s.backend))
             if args.shards:  # per shard: what it ran, how it ended, its reward pool and backend client
-                fields["shards"] = [_plain(r.summary()) for r in engine.shard_statistics()]
+                fields["shards"] = [plain(r.summary()) for r in engine.shard_statistics()]
         return fields
 
     writer = RunWriter(state, None, shard_episodes=args.shard_episodes, commit_interval_s=args.commit_interval,
@@ -208,19 +203,3 @@ async def _collect(engine: Any, writer: Any, total: int, *, step_every: int | No
         if step_every and since_step >= step_every:
             since_step -= step_every
             engine.set_version(engine.version + 1)
-
-
-def _plain(obj: Any) -> Any:
-    """``obj`` as plain JSON values: dataclasses and dicts as objects, lists and
-    tuples as arrays, a non-finite float as null; anything else as its repr."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if obj is None or isinstance(obj, (int, float, str, bool)):
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
-    return repr(obj)

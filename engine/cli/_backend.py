@@ -56,9 +56,17 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
     if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
-        from ..backends.remote._startup import open_remote_backend
+        from ..backends.remote import open_remote_backend
+        from ..backends.remote.vllm import LogprobsModeError
+        from ._deadlines import remote_deadlines
 
-        return await open_remote_backend(args)
+        try:
+            return await open_remote_backend(args.backend, args.server, model=args.model,
+                                             request_timeout_s=args.request_timeout,
+                                             startup_timeout_s=args.startup_timeout,
+                                             **remote_deadlines(args))  # --no-server-timeout, --attempt-timeout
+        except LogprobsModeError as exc:  # its fix names a Python switch the CLI has not
+            raise exc.with_fix(_CLI_LOGPROBS_FIX) from None
     tokenizer, backend = await trio.to_thread.run_sync(tokenizer_and_backend, args)
     model = args.model or ("builtin:smollm2" if args.backend == "hf" else None)
     name = getattr(tokenizer, "name_or_path", None)
@@ -79,3 +87,9 @@ def open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: 
                                tokenizer=tokenizer, stats_interval_s=SHARD_STATS_INTERVAL_S,
                                shard_timeout_s=args.shard_timeout, track_episodes=STRAGGLERS,
                                torch_threads=args.torch_threads)
+
+
+#: How a ``rollout run`` user fixes a vLLM server's logprobs mode (the CLI cannot skip the check).
+_CLI_LOGPROBS_FIX = ("restart the server with --logprobs-mode processed_logprobs and VLLM_SERVER_DEV_MODE=1 "
+                     "(dev mode lets it report its mode on /server_info); rollout run has no option to skip this "
+                     "check")

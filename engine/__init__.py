@@ -15,6 +15,7 @@ __all__ = [
     "DatasetError",
     "EngineConfig",
     "EngineStatistics",
+    "EpisodeEngine",
     "EpisodeResult",
     "EpisodeStatus",
     "FailReason",
@@ -33,6 +34,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutEngineThread",
     "RolloutError",
+    "RolloutWorkflow",
     "Sampled",
     "SimBackend",
     "SimConfig",
@@ -58,6 +60,7 @@ _LAZY = {
     "DatasetError": "engine.errors",
     "EngineConfig": "engine.executor",
     "EngineStatistics": "engine.executor",
+    "EpisodeEngine": "engine.workflow",
     "EpisodeResult": "engine.executor",
     "EpisodeStatus": "engine._records",
     "FailReason": "engine.errors",
@@ -76,6 +79,7 @@ _LAZY = {
     "RolloutEngine": "engine.executor",
     "RolloutEngineThread": "engine.sync",
     "RolloutError": "engine.errors",
+    "RolloutWorkflow": "engine.workflow",
     "Sampled": "engine.trajectory",
     "SimBackend": "engine.backends.sim",
     "SimConfig": "engine.backends.sim",
@@ -148,6 +152,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on f
         ModelResponse as ModelResponse,
         derive_seed as derive_seed,
     )
+    from .workflow import EpisodeEngine as EpisodeEngine, RolloutWorkflow as RolloutWorkflow
 
 from .lazy import lazy_exports  # noqa: E402
 

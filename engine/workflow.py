@@ -8,11 +8,48 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import WorkflowError
 
-__all__ = ["RolloutWorkflow", "resolve_workflow"]
+if TYPE_CHECKING:
+    from rewards import RewardOutcome
+
+    from engine.types import ModelRequest, ModelResponse
+
+__all__ = ["EpisodeEngine", "EpisodeRewards", "RolloutWorkflow", "resolve_workflow"]
+
+
+class EpisodeRewards(Protocol):
+    """What a workflow may call on ``engine.reward_pool``: a :class:`rewards.RewardPool`
+    (the engine's own, or one given to ``open_rollout_engine(reward_pool=)``), or a
+    double such as :class:`engine.testing.InProcessRewardPool`."""
+
+    def score(self, reward_fn: Callable[..., Any], prompt: Any, completions: Any, prompt_ids: Any,
+              completion_ids: Any, /, **data: Any) -> Awaitable[RewardOutcome]:
+        """``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)`` under the
+        pool's timeout and retry policy: its :class:`rewards.RewardOutcome` (``reward``
+        float, ``is_fallback`` bool).  Raises :class:`~engine.errors.RewardError`."""
+        ...
+
+
+class EpisodeEngine(Protocol):
+    """What :meth:`RolloutWorkflow.arun_episode` may call on its ``engine`` (AReaL types
+    it ``InferenceEngine``): a :class:`~engine.executor.RolloutEngine`, seen from inside
+    one episode.  Anything else on the engine (``submit``, ``prepare_batch``,
+    ``set_version``, ...) is the trainer's, not the workflow's."""
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate one response: tokens, logprobs and per-token versions (resumed across
+        weight updates).  Raises :class:`~engine.errors.BackendError` or
+        :class:`~engine.errors.InvalidRequestError`."""
+        ...
+
+    @property
+    def reward_pool(self) -> EpisodeRewards:
+        """The engine's reward pool (never ``None`` inside an episode)."""
+        ...
 
 
 class RolloutWorkflow(abc.ABC):
@@ -24,12 +61,13 @@ class RolloutWorkflow(abc.ABC):
     """
 
     @abc.abstractmethod
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> Any:
         """Run one episode on one dataset item.
 
         Args:
-            engine: offers ``await engine.agenerate(req: ModelRequest) -> ModelResponse``
-                and ``engine.reward_pool`` (``await engine.reward_pool.score(...)``).
+            engine: what an episode may call (:class:`EpisodeEngine`):
+                ``await engine.agenerate(req: ModelRequest) -> ModelResponse`` and
+                ``await engine.reward_pool.score(...)``.
             data: one dataset item (a dict).
 
         Returns:
@@ -49,7 +87,7 @@ class _RunAdapter(RolloutWorkflow):
     def __init__(self, obj: Any) -> None:
         self._obj = obj
 
-    async def arun_episode(self, engine, data):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> Any:
         return await self._obj.run(engine, data)
 
     def __repr__(self) -> str:

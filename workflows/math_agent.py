@@ -37,7 +37,7 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.imports import resolve_reward_fn
 from engine.types import GenerationHyperparameters
-from engine.workflow import RolloutWorkflow
+from engine.workflow import EpisodeEngine, RolloutWorkflow
 
 from ._samples import check_max_turns, check_turn_discount, gather_samples
 from ._text import decode
@@ -221,12 +221,12 @@ class MathAgentWorkflow(RolloutWorkflow):
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [*system, {"role": "user", "content": question}]
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, Any] | None:
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any] | None:
         results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data))
         merged = {k: v for r in results for k, v in r.items()}
         return merged or None
 
-    async def _sample(self, engine: Any, data: dict[str, Any]) -> dict[str, Any]:
+    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any]:
         from engine.openai.client import EngineOpenAI
 
         client = EngineOpenAI(engine, self.tokenizer, gconfig=self.gconfig.new(n_samples=1),

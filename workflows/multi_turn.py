@@ -35,7 +35,7 @@ from engine.chat import TokenConversation
 from engine.imports import resolve_reward_fn
 from engine.trajectory import Injected, Sampled, build_trajectory
 from engine.types import GenerationHyperparameters, ModelRequest
-from engine.workflow import RolloutWorkflow
+from engine.workflow import EpisodeEngine, RolloutWorkflow
 
 from .base import sample_gconfig
 from ._samples import check_max_turns, check_turn_discount, sample_rows
@@ -120,12 +120,12 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.chat_template_kwargs = kwargs
         self._sample_cfg = self.gconfig.new(n_samples=1)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):
         if "messages" not in data:
             raise KeyError("MultiTurnWorkflow: the dataset item has no 'messages' (a chat to open with)")
         return await sample_rows(self.gconfig.n_samples, functools.partial(self._sample, engine, data))
 
-    async def _sample(self, engine: Any, data: dict[str, Any], sample: int):
+    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any], sample: int):
         tok, cfg = self.tokenizer, self._sample_cfg
         conv = TokenConversation(tok, data["messages"], chat_template_kwargs=self.chat_template_kwargs,
                                  stop_token_ids=cfg.stop_token_ids)

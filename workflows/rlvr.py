@@ -26,7 +26,7 @@ from engine.context import episode_id, sample_index
 from engine.imports import resolve_reward_fn
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
-from engine.workflow import RolloutWorkflow
+from engine.workflow import EpisodeEngine, RolloutWorkflow
 from rewards import TokenText, rust_tokenizer, tokenizer_file
 
 from ._samples import sample_rows
@@ -180,7 +180,7 @@ class RLVRWorkflow(RolloutWorkflow):
                 self._prompts.popitem(last=False)
         return prompt
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):
         prompt = self._prompt(data)
         n = self.gconfig.n_samples
         if n == 1:  # no child nursery, task, closure or helper frame for the common case
@@ -191,7 +191,7 @@ class RLVRWorkflow(RolloutWorkflow):
             return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
         return await self._samples(engine, data, prompt, n)
 
-    async def _samples(self, engine: Any, data: dict[str, Any], prompt: _Prompt, n: int) -> Any:
+    async def _samples(self, engine: EpisodeEngine, data: dict[str, Any], prompt: _Prompt, n: int) -> Any:
         """``n`` > 1 samples of one prompt, concurrently.  (Its own method: a closure in
         ``arun_episode`` would give every episode, ``n == 1`` too, five cells to keep alive.)"""
         return await sample_rows(n, functools.partial(self._one_sample, engine, data, prompt))
@@ -207,12 +207,12 @@ class RLVRWorkflow(RolloutWorkflow):
         metadata = {"routing_key": f"episode-{task_id}"} if task_id is not None else {}
         return ModelRequest(input_ids=prompt_ids, gconfig=cfg, tokenizer=self.tokenizer, metadata=metadata)
 
-    async def _one_sample(self, engine: Any, data: dict[str, Any], prompt: _Prompt, i: int) -> Any:
+    async def _one_sample(self, engine: EpisodeEngine, data: dict[str, Any], prompt: _Prompt, i: int) -> Any:
         resp = await engine.agenerate(self._request(prompt.ids, i))
         scored = await self._reward(engine, resp, data, prompt)
         return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
 
-    def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any], prompt: Any) -> Awaitable[Any]:
+    def _reward(self, engine: EpisodeEngine, resp: ModelResponse, data: dict[str, Any], prompt: Any) -> Awaitable[Any]:
         """Score one sample in the engine's reward pool: an awaitable of its
         ``rewards.RewardOutcome`` (the pool's own coroutine: no frame of ours stays
         alive while the reward runs) (``prompt``: the prompt's text, special tokens

@@ -44,6 +44,7 @@ from engine.chat import check_messages
 from engine.errors import InvalidRequestError
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest
+from engine.workflow import EpisodeEngine
 
 from .base import sample_gconfig
 from ._samples import sample_rows
@@ -103,7 +104,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         self.processor = processor
         self._limiter: trio.CapacityLimiter | None = None  # one processor call at a time (shared tokenizer)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):
         if not isinstance(data, dict) or "images" not in data or "messages" not in data:
             missing = "data" if not isinstance(data, dict) else ("images" if "images" not in data else "messages")
             raise InvalidRequestError(f"VisionRLVRWorkflow: the dataset row has no {missing!r} field")

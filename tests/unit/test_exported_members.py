@@ -11,7 +11,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("package", ["engine", "engine.openai", "workflows", "rewards"])
+@pytest.mark.parametrize("package", ["engine", "engine.chat", "engine.cli", "engine.datasets", "engine.models",
+                                     "engine.openai", "workflows", "rewards"])
 def test_all_is_sorted_and_every_name_resolves(package):
     module = importlib.import_module(package)
     assert module.__all__ == sorted(module.__all__)
@@ -23,7 +24,8 @@ def test_all_is_sorted_and_every_name_resolves(package):
 
 
 def test_importing_the_packages_does_not_import_torch():
-    code = ("import sys, engine, engine.openai, workflows, rewards; "
+    code = ("import sys, engine, engine.chat, engine.cli, engine.datasets, engine.models, engine.openai, workflows, "
+            "rewards; "
             "print('torch' in sys.modules, 'trio' in sys.modules, 'openai' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False", "False"]

@@ -81,8 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the harness lives in benchmarks/ (an application of the engine): imported on use
         configure_logging("warning")
-        from benchmarks.harness.cli import main as bench_main
-
+        try:
+            from benchmarks.harness.cli import main as bench_main
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("benchmarks"):
+                raise
+            print("rollout bench: error: the benchmark harness (the benchmarks package of trio-rollout's source "
+                  "tree) is not installed here; run it from a checkout (pip install -e .)", file=sys.stderr)
+            return 2
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "log_level", "warning"))

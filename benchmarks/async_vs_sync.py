@@ -313,11 +313,11 @@ async def _open_backend(cfg: RealBenchConfig) -> tuple[Any, Any, dict[str, Any]]
 
         tokenizer, backend = await trio.to_thread.run_sync(load)
         return tokenizer, backend, {"model": cfg.model or "builtin:smollm2", "servers": []}
-    from engine._served import open_remote_backend
+    from engine.backends.remote import open_remote_backend
 
-    args = argparse.Namespace(backend=cfg.backend, server=list(cfg.servers), model=cfg.model,
-                              request_timeout=cfg.request_timeout_s, startup_timeout=cfg.startup_timeout_s)
-    tokenizer, backend, used = await open_remote_backend(args)
+    tokenizer, backend, used = await open_remote_backend(cfg.backend, list(cfg.servers), model=cfg.model,
+                                                         request_timeout_s=cfg.request_timeout_s,
+                                                         startup_timeout_s=cfg.startup_timeout_s)
     return tokenizer, backend, {"model": used["model"], "servers": used["servers"]}
 
 

@@ -6,6 +6,8 @@ Public names are exported lazily (module ``__getattr__``) so that importing
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 
 __all__ = [
     "BackendError",
@@ -13,6 +15,7 @@ __all__ = [
     "DatasetError",
     "EngineConfig",
     "EngineStatistics",
+    "EpisodeEngine",
     "EpisodeResult",
     "EpisodeStatus",
     "FailReason",
@@ -31,6 +34,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutEngineThread",
     "RolloutError",
+    "RolloutWorkflow",
     "Sampled",
     "SimBackend",
     "SimConfig",
@@ -56,6 +60,7 @@ _LAZY = {
     "DatasetError": "engine.errors",
     "EngineConfig": "engine.executor",
     "EngineStatistics": "engine.executor",
+    "EpisodeEngine": "engine.workflow",
     "EpisodeResult": "engine.executor",
     "EpisodeStatus": "engine._records",
     "FailReason": "engine.errors",
@@ -74,6 +79,7 @@ _LAZY = {
     "RolloutEngine": "engine.executor",
     "RolloutEngineThread": "engine.sync",
     "RolloutError": "engine.errors",
+    "RolloutWorkflow": "engine.workflow",
     "Sampled": "engine.trajectory",
     "SimBackend": "engine.backends.sim",
     "SimConfig": "engine.backends.sim",
@@ -93,6 +99,60 @@ _LAZY = {
     "trajectory_from_response": "engine.trajectory",
 }
 
+
+if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on first access
+    from ._records import EpisodeStatus as EpisodeStatus, RejectReason as RejectReason
+    from .backends.base import (
+        BackendStatistics as BackendStatistics,
+        InferenceBackend as InferenceBackend,
+        MockBackend as MockBackend,
+        PerRequestBackend as PerRequestBackend,
+        WeightSync as WeightSync,
+    )
+    from .backends.hf import HFBackend as HFBackend
+    from .backends.sim import SimBackend as SimBackend, SimConfig as SimConfig
+    from .chat import (
+        MessageDelta as MessageDelta,
+        TokenConversation as TokenConversation,
+        collect_drift_events as collect_drift_events,
+        message_delta as message_delta,
+    )
+    from .data import (
+        TRAJECTORY_PAD_VALUES as TRAJECTORY_PAD_VALUES,
+        TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA,
+        concat_padded_tensors as concat_padded_tensors,
+    )
+    from .errors import (
+        BackendError as BackendError,
+        DatasetError as DatasetError,
+        FailReason as FailReason,
+        InvalidRequestError as InvalidRequestError,
+        RewardError as RewardError,
+        RolloutError as RolloutError,
+        WorkflowError as WorkflowError,
+    )
+    from .executor import (
+        EngineConfig as EngineConfig,
+        EngineStatistics as EngineStatistics,
+        EpisodeResult as EpisodeResult,
+        RolloutEngine as RolloutEngine,
+        open_rollout_engine as open_rollout_engine,
+    )
+    from .imports import import_object as import_object, resolve_reward_fn as resolve_reward_fn
+    from .sync import RolloutEngineThread as RolloutEngineThread
+    from .trajectory import (
+        Injected as Injected,
+        Sampled as Sampled,
+        build_trajectory as build_trajectory,
+        trajectory_from_response as trajectory_from_response,
+    )
+    from .types import (
+        GenerationHyperparameters as GenerationHyperparameters,
+        ModelRequest as ModelRequest,
+        ModelResponse as ModelResponse,
+        derive_seed as derive_seed,
+    )
+    from .workflow import EpisodeEngine as EpisodeEngine, RolloutWorkflow as RolloutWorkflow
 
 from .lazy import lazy_exports  # noqa: E402
 

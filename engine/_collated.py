@@ -10,7 +10,7 @@ Handed on as one item it reached the chat template as a role that is a list (RLV
 trained on ``<|im_start|>['user', 'user']``).  ``submit`` (so ``rollout_batch`` and
 ``prepare_batch``, which submit through it), :class:`~engine.datastream.DataStream`
 and the chat renderers (:func:`engine.chat.render_messages`,
-:func:`engine.chat_splice.render_chat`) check with :func:`check_item` /
+:func:`engine.chat.render_chat`) check with :func:`check_item` /
 :func:`check_messages` and raise one :class:`~engine.errors.DatasetError` naming the
 field and the fix.
 

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from rewards import RewardOutcome, swap_reward_outcome_collector
 
 from ._records import EpisodeResult, EpisodeStatus, FailReason, RejectReason, Task, failed_result, leaf_exception, raised_at, sample_index
-from .chat import close_drift_sink, open_drift_sink
+from .chat._delta import close_drift_sink, open_drift_sink
 from .data import concat_padded_tensors
 from .errors import EpisodeTimeoutError, failure_reason
 from .trajectory import _copy_with

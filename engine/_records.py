@@ -13,7 +13,7 @@ import trio
 from tensordict import TensorDict
 
 from .backends.base import BackendStatistics
-from .episode_context import episode_id, sample_index
+from .context import episode_id, sample_index
 from .errors import FailReason, _Vocabulary, failure_reason
 
 if sys.version_info < (3, 11):  # pragma: no cover

@@ -1,6 +1,6 @@
 """Episodes timed while they run (:class:`EpisodeTracker`): when each started, its
 generated tokens and requests so far, seen through a wrapped workflow.
-:class:`engine.monitor.RunMonitor` has one; each engine shard has one when the live
+:class:`engine.cli._monitor.RunMonitor` has one; each engine shard has one when the live
 view asks for stragglers (:mod:`engine.shards`).  Times are seconds on trio's clock.
 """
 
@@ -74,7 +74,7 @@ class _TrackedWorkflow:
         return getattr(self._inner, name)
 
     async def arun_episode(self, engine: Any, data: Any) -> Any:
-        from .episode_context import episode_id
+        from .context import episode_id
 
         task_id = episode_id.get()
         if task_id is None:  # not inside an engine episode: nothing to attribute
@@ -105,7 +105,7 @@ class EpisodeTracker:
     def track(self, workflow: Any) -> Any:
         """``workflow`` (a spec :func:`workflows.resolve_workflow` accepts) wrapped so
         that its episodes are timed and their tokens counted."""
-        from workflows.base import resolve_workflow
+        from engine.workflow import resolve_workflow
 
         return _TrackedWorkflow(resolve_workflow(workflow), self)
 

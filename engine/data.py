@@ -14,9 +14,8 @@ from typing import cast
 import torch
 from tensordict import TensorDict
 
-from .trajectory import trajectory_from_response  # re-exported: it lived here first
 
-__all__ = ["TRAJECTORY_PAD_VALUES", "TRAJECTORY_SCHEMA", "concat_padded_tensors", "trajectory_from_response"]
+__all__ = ["TRAJECTORY_PAD_VALUES", "TRAJECTORY_SCHEMA", "concat_padded_tensors"]
 
 #: field -> (dims, dtype).  ``"BT"`` = ``[B, T]`` per token, ``"B"`` = ``[B]`` per episode.
 TRAJECTORY_SCHEMA: dict[str, tuple[str, torch.dtype]] = {

@@ -283,7 +283,7 @@ class RolloutEngine:
         """Resolve a workflow spec; a class or dotted path given again with the same
         kwargs object reuses the instance built the first time (building one can
         load a tokenizer)."""
-        from workflows.base import resolve_workflow
+        from engine.workflow import resolve_workflow
 
         if not isinstance(workflow, (str, type)):
             return resolve_workflow(workflow, workflow_kwargs)

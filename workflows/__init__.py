@@ -6,6 +6,8 @@ loaded on first attribute access through module ``__getattr__``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 
 __all__ = ["BUILTIN_WORKFLOWS", "MathAgentWorkflow", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow",
            "resolve_workflow"]
@@ -15,11 +17,19 @@ _LAZY = {
     "MathAgentWorkflow": "workflows.math_agent",
     "MultiTurnWorkflow": "workflows.multi_turn",
     "RLVRWorkflow": "workflows.rlvr",
-    "RolloutWorkflow": "workflows.base",
+    "RolloutWorkflow": "engine.workflow",
     "VisionRLVRWorkflow": "workflows.vision_rlvr",
-    "resolve_workflow": "workflows.base",
+    "resolve_workflow": "engine.workflow",
 }
 
+
+if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on first access
+    from engine.workflow import RolloutWorkflow as RolloutWorkflow, resolve_workflow as resolve_workflow
+    from .math_agent import MathAgentWorkflow as MathAgentWorkflow
+    from .multi_turn import MultiTurnWorkflow as MultiTurnWorkflow
+    from .registry import BUILTIN_WORKFLOWS as BUILTIN_WORKFLOWS
+    from .rlvr import RLVRWorkflow as RLVRWorkflow
+    from .vision_rlvr import VisionRLVRWorkflow as VisionRLVRWorkflow
 
 from engine.lazy import lazy_exports  # noqa: E402
 

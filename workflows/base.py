@@ -1,96 +1,12 @@
-"""The workflow contract (AReaL ``areal/api/workflow_api.py``) and spec resolution."""
+"""Helpers for writing workflows: :func:`sample_gconfig` (a request's sampling config
+inside ``arun_episode``).  The contract itself is :class:`engine.workflow.RolloutWorkflow`
+(also ``workflows.RolloutWorkflow``)."""
 
 from __future__ import annotations
 
-import abc
-import inspect
 from typing import Any
 
-from engine.errors import WorkflowError
-
-__all__ = ["RolloutWorkflow", "resolve_workflow", "sample_gconfig"]
-
-
-class RolloutWorkflow(abc.ABC):
-    """One episode of interaction between a policy and its environment.
-
-    Subclasses implement :meth:`arun_episode`.  The engine runs it as one trio task
-    per episode; cancelling the episode cancels whatever it awaits (generation,
-    reward job).
-    """
-
-    @abc.abstractmethod
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
-        """Run one episode on one dataset item.
-
-        Args:
-            engine: offers ``await engine.agenerate(req: ModelRequest) -> ModelResponse``
-                and ``engine.reward_pool`` (``await engine.reward_pool.score(...)``).
-            data: one dataset item (a dict).
-
-        Returns:
-            A trajectory ``TensorDict`` with batch size ``[B]`` (fields in
-            ``engine.data.TRAJECTORY_SCHEMA``), a ``dict[id, Interaction]`` of
-            OpenAI-compatible completions (``InteractionCache.export_interactions``;
-            the engine makes one row per interaction:
-            :mod:`engine.openai.interaction`), or ``None`` to reject the episode.
-            An exception fails the episode (reason ``workflow_error`` unless it is a
-            reward/backend/request error); it never stops the run.
-        """
-
-
-class _RunAdapter(RolloutWorkflow):
-    """Wrap an object with a compatible ``async run(engine, data)`` method."""
-
-    def __init__(self, obj: Any) -> None:
-        self._obj = obj
-
-    async def arun_episode(self, engine, data):
-        return await self._obj.run(engine, data)
-
-    def __repr__(self) -> str:
-        return f"_RunAdapter({self._obj!r})"
-
-
-def _import_path(path: str) -> Any:
-    from engine.imports import import_object
-
-    return import_object(path, error=WorkflowError, what="workflow")
-
-
-def resolve_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> RolloutWorkflow:
-    """Turn a workflow spec into an instance.
-
-    A spec is a :class:`RolloutWorkflow` instance, a class (instantiated with
-    ``workflow_kwargs``), an import string naming either (``"pkg.module.Class"``,
-    ``"pkg.module:Class"`` or ``"path/to/file.py:Class"``, see
-    :mod:`engine.imports`), or any object with an
-    ``async arun_episode(engine, data)`` or ``async run(engine, data)`` method.
-
-    Raises:
-        WorkflowError: the path cannot be imported, the class cannot be built with
-            ``workflow_kwargs``, ``workflow_kwargs`` is given with an instance, or the
-            object has no compatible coroutine method.
-    """
-    spec = workflow
-    if isinstance(workflow, str):
-        workflow = _import_path(workflow)
-    if inspect.isclass(workflow):
-        try:
-            workflow = workflow(**(workflow_kwargs or {}))
-        except TypeError as exc:
-            raise WorkflowError(f"cannot build workflow {spec!r} with workflow_kwargs: {exc}") from exc
-    elif workflow_kwargs:
-        raise WorkflowError(f"workflow_kwargs given, but workflow {spec!r} is already an instance")
-    if isinstance(workflow, RolloutWorkflow):
-        return workflow
-    if inspect.iscoroutinefunction(getattr(workflow, "arun_episode", None)):
-        return workflow  # duck-typed AReaL-style workflow
-    if inspect.iscoroutinefunction(getattr(workflow, "run", None)):
-        return _RunAdapter(workflow)
-    raise WorkflowError(
-        f"workflow {spec!r} has no coroutine method arun_episode(engine, data) or run(engine, data)"
-    )
+__all__ = ["sample_gconfig"]
 
 
 def sample_gconfig(gconfig: Any, sample: int, *extra: int) -> Any:
@@ -104,8 +20,7 @@ def sample_gconfig(gconfig: Any, sample: int, *extra: int) -> Any:
     """
     if gconfig.seed is None:
         return gconfig
-    from engine.episode_context import episode_id, sample_index
+    from engine.context import episode_id, sample_index
     from engine.types import derive_seed
 
     return gconfig.new(seed=derive_seed(gconfig.seed, episode_id.get(), sample_index.get(), sample, *extra))
-

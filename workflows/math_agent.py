@@ -34,14 +34,13 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import trio
-
 from engine.errors import InvalidRequestError
 from engine.imports import resolve_reward_fn
 from engine.types import GenerationHyperparameters
+from engine.workflow import EpisodeEngine, RolloutWorkflow
 
-from .base import RolloutWorkflow
-from .rlvr import _decode
+from ._samples import check_max_turns, check_turn_discount, gather_samples
+from ._text import decode
 
 __all__ = ["CALCULATOR_TOOL", "CalculatorError", "DEFAULT_SYSTEM_PROMPT", "MathAgentWorkflow", "calculate"]
 
@@ -193,10 +192,7 @@ class MathAgentWorkflow(RolloutWorkflow):
         from engine.openai.interaction import EXPORT_STYLES
         from engine.openai.tool_calls import resolve_tool_parser
 
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
-        if isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float)) or not 0 <= turn_discount <= 1:
-            raise ValueError(f"turn_discount must be in [0, 1], got {turn_discount!r}")
+        max_turns, turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
         if export_style not in EXPORT_STYLES:
             raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
         if isinstance(tokenizer, str):
@@ -207,7 +203,7 @@ class MathAgentWorkflow(RolloutWorkflow):
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.gconfig.validate()
-        self.max_turns, self.turn_discount, self.export_style = max_turns, float(turn_discount), export_style
+        self.max_turns, self.turn_discount, self.export_style = max_turns, turn_discount, export_style
         self.system_prompt = system_prompt
         self.tool_parser = resolve_tool_parser(tool_parser)
         kwargs = dict(chat_template_kwargs or {})
@@ -225,23 +221,12 @@ class MathAgentWorkflow(RolloutWorkflow):
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [*system, {"role": "user", "content": question}]
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, Any] | None:
-        n = self.gconfig.n_samples
-        results: list[dict[str, Any]] = [{} for _ in range(n)]
-
-        async def one(i: int) -> None:
-            results[i] = await self._sample(engine, data)
-
-        if n == 1:
-            await one(0)
-        else:
-            async with trio.open_nursery() as nursery:
-                for i in range(n):
-                    nursery.start_soon(one, i)
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any] | None:
+        results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data))
         merged = {k: v for r in results for k, v in r.items()}
         return merged or None
 
-    async def _sample(self, engine: Any, data: dict[str, Any]) -> dict[str, Any]:
+    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any]:
         from engine.openai.client import EngineOpenAI
 
         client = EngineOpenAI(engine, self.tokenizer, gconfig=self.gconfig.new(n_samples=1),
@@ -267,7 +252,7 @@ class MathAgentWorkflow(RolloutWorkflow):
         if last is None:  # the loop above made at least one completion (turn 0 re-raises)
             raise RuntimeError("MathAgentWorkflow: no completion was recorded")
         resp = last.response
-        scored = await engine.reward_pool.score(self.reward_fn, _decode(self.tokenizer, resp.input_tokens, False),
+        scored = await engine.reward_pool.score(self.reward_fn, decode(self.tokenizer, resp.input_tokens, False),
                                                 final, resp.input_tokens, resp.output_tokens, **data)
         client.set_last_reward(scored.reward)
         client.apply_reward_discount(self.turn_discount)

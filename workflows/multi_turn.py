@@ -27,19 +27,19 @@ conversation (AReaL: once, from a probe conversation) and checked.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import trio
-
 from engine.chat import TokenConversation
-from engine.data import concat_padded_tensors
 from engine.imports import resolve_reward_fn
 from engine.trajectory import Injected, Sampled, build_trajectory
 from engine.types import GenerationHyperparameters, ModelRequest
+from engine.workflow import EpisodeEngine, RolloutWorkflow
 
-from .base import RolloutWorkflow, sample_gconfig
-from .rlvr import _decode
+from .base import sample_gconfig
+from ._samples import check_max_turns, check_turn_discount, sample_rows
+from ._text import decode
 
 __all__ = ["DEFAULT_FEEDBACK", "MultiTurnWorkflow"]
 
@@ -65,7 +65,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             ``max_tokens`` caps the whole conversation.
         tokenizer: a transformers tokenizer with a chat template, or a path.
         max_turns: attempts per sample, >= 1.
-        turn_discount: in ``(0, 1]``; the final reward is multiplied by it once
+        turn_discount: in ``[0, 1]``; the final reward is multiplied by it once
             per extra turn.
         feedback: the user message appended after a turn whose reward is not
             positive.
@@ -86,7 +86,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
     once).
 
     Raises:
-        ValueError: ``max_turns < 1`` or ``turn_discount`` outside ``(0, 1]``.
+        ValueError: ``max_turns`` not an int >= 1, or ``turn_discount`` not a number in ``[0, 1]``.
         RewardError: ``reward_fn`` cannot be resolved or sent to a worker process.
     """
 
@@ -101,10 +101,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         enable_thinking: bool | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
-        if not (isinstance(turn_discount, (int, float)) and 0.0 < turn_discount <= 1.0):
-            raise ValueError(f"turn_discount must be in (0, 1], got {turn_discount!r}")
+        max_turns, turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
         if not isinstance(feedback, str):
             raise ValueError(f"feedback must be a string, got {type(feedback).__name__}")
         if isinstance(tokenizer, str):
@@ -115,7 +112,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.max_turns = max_turns
-        self.turn_discount = float(turn_discount)
+        self.turn_discount = turn_discount
         self.feedback = feedback
         kwargs = dict(chat_template_kwargs or {})
         if enable_thinking is not None:
@@ -123,24 +120,12 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.chat_template_kwargs = kwargs
         self._sample_cfg = self.gconfig.new(n_samples=1)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):
         if "messages" not in data:
             raise KeyError("MultiTurnWorkflow: the dataset item has no 'messages' (a chat to open with)")
-        n = self.gconfig.n_samples
-        rows: list[Any] = [None] * n
+        return await sample_rows(self.gconfig.n_samples, functools.partial(self._sample, engine, data))
 
-        async def one_sample(i: int) -> None:
-            rows[i] = await self._sample(engine, data, i)
-
-        if n == 1:
-            await one_sample(0)
-            return rows[0]
-        async with trio.open_nursery() as nursery:
-            for i in range(n):
-                nursery.start_soon(one_sample, i)
-        return concat_padded_tensors(rows)
-
-    async def _sample(self, engine: Any, data: dict[str, Any], sample: int):
+    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any], sample: int):
         tok, cfg = self.tokenizer, self._sample_cfg
         conv = TokenConversation(tok, data["messages"], chat_template_kwargs=self.chat_template_kwargs,
                                  stop_token_ids=cfg.stop_token_ids)
@@ -153,8 +138,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
             segments.append(Sampled(resp, turns))
             turns += 1
             scored = await engine.reward_pool.score(
-                self.reward_fn, _decode(tok, resp.input_tokens, False),
-                _decode(tok, resp.output_tokens, cfg.skip_special_tokens),
+                self.reward_fn, decode(tok, resp.input_tokens, False),
+                decode(tok, resp.output_tokens, cfg.skip_special_tokens),
                 resp.input_tokens, resp.output_tokens, **data)
             reward, fallback = scored.reward, fallback or scored.is_fallback
             if reward > 0 or turns >= self.max_turns:

@@ -16,23 +16,21 @@ the reward worker, off the event loop) when the tokenizer is a plain fast one.
 from __future__ import annotations
 
 import collections
+import functools
 from array import array
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
-from engine.chat import check_messages
-from engine.chat_splice import render_chat
-from engine.encode import encode_prompt
-from engine.data import concat_padded_tensors
-from engine.episode_context import episode_id, sample_index
+from engine.chat import check_messages, encode_prompt, render_chat
+from engine.context import episode_id, sample_index
 from engine.imports import resolve_reward_fn
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest, ModelResponse, derive_seed
+from engine.workflow import EpisodeEngine, RolloutWorkflow
 from rewards import TokenText, rust_tokenizer, tokenizer_file
 
-from .base import RolloutWorkflow
+from ._samples import sample_rows
+from ._text import decode
 
 __all__ = ["RLVRWorkflow", "default_get_input_ids"]
 
@@ -50,17 +48,6 @@ def default_get_input_ids(tokenizer: Any, data: dict[str, Any], enable_thinking:
         data["messages"], tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
     )
     return list(ids)
-
-
-def _rust_backend(tokenizer: Any) -> Any:  # kept for callers of the old private name
-    return rust_tokenizer(tokenizer)
-
-
-def _decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
-    backend = rust_tokenizer(tokenizer)
-    if backend is not None:
-        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
-    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 #: a value's type in a prompt key, so that equal keys mean equal messages (``1``, ``1.0`` and ``True``
@@ -187,13 +174,13 @@ class RLVRWorkflow(RolloutWorkflow):
         prompt = _Prompt(list(self.get_input_ids_fn(self.tokenizer, data, self.enable_thinking)))
         if key is not None:
             if self._tokenizer_file is None:  # decoded in-process: once per item
-                prompt.text = _decode(self.tokenizer, prompt.ids, False)
+                prompt.text = decode(self.tokenizer, prompt.ids, False)
             self._prompts[key] = (array("l", prompt.ids).tobytes(), prompt.text)
             if len(self._prompts) > self.prompt_cache_size:
                 self._prompts.popitem(last=False)
         return prompt
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):
         prompt = self._prompt(data)
         n = self.gconfig.n_samples
         if n == 1:  # no child nursery, task, closure or helper frame for the common case
@@ -204,18 +191,10 @@ class RLVRWorkflow(RolloutWorkflow):
             return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
         return await self._samples(engine, data, prompt, n)
 
-    async def _samples(self, engine: Any, data: dict[str, Any], prompt: _Prompt, n: int) -> Any:
+    async def _samples(self, engine: EpisodeEngine, data: dict[str, Any], prompt: _Prompt, n: int) -> Any:
         """``n`` > 1 samples of one prompt, concurrently.  (Its own method: a closure in
         ``arun_episode`` would give every episode, ``n == 1`` too, five cells to keep alive.)"""
-        trajectories: list[Any] = [None] * n
-
-        async def one_sample(i: int) -> None:
-            trajectories[i] = await self._one_sample(engine, data, prompt, i)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(n):
-                nursery.start_soon(one_sample, i)
-        return concat_padded_tensors(trajectories)
+        return await sample_rows(n, functools.partial(self._one_sample, engine, data, prompt))
 
     def _request(self, prompt_ids: list[int], i: int) -> ModelRequest:
         """Sample ``i``'s request: its seed (when ``gconfig.seed`` is set) and, inside an
@@ -228,12 +207,12 @@ class RLVRWorkflow(RolloutWorkflow):
         metadata = {"routing_key": f"episode-{task_id}"} if task_id is not None else {}
         return ModelRequest(input_ids=prompt_ids, gconfig=cfg, tokenizer=self.tokenizer, metadata=metadata)
 
-    async def _one_sample(self, engine: Any, data: dict[str, Any], prompt: _Prompt, i: int) -> Any:
+    async def _one_sample(self, engine: EpisodeEngine, data: dict[str, Any], prompt: _Prompt, i: int) -> Any:
         resp = await engine.agenerate(self._request(prompt.ids, i))
         scored = await self._reward(engine, resp, data, prompt)
         return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
 
-    def _reward(self, engine: Any, resp: ModelResponse, data: dict[str, Any], prompt: Any) -> Awaitable[Any]:
+    def _reward(self, engine: EpisodeEngine, resp: ModelResponse, data: dict[str, Any], prompt: Any) -> Awaitable[Any]:
         """Score one sample in the engine's reward pool: an awaitable of its
         ``rewards.RewardOutcome`` (the pool's own coroutine: no frame of ours stays
         alive while the reward runs) (``prompt``: the prompt's text, special tokens
@@ -246,9 +225,9 @@ class RLVRWorkflow(RolloutWorkflow):
                 prompt = prompt.text if prompt.text is not None else TokenText(
                     self._tokenizer_file, resp.input_tokens, False)
         else:
-            completion = _decode(self.tokenizer, resp.output_tokens, skip)
+            completion = decode(self.tokenizer, resp.output_tokens, skip)
             if isinstance(prompt, _Prompt):
                 if prompt.text is None:
-                    prompt.text = _decode(self.tokenizer, resp.input_tokens, False)
+                    prompt.text = decode(self.tokenizer, resp.input_tokens, False)
                 prompt = prompt.text
         return pool.score(self.reward_fn, prompt, completion, resp.input_tokens, resp.output_tokens, **data)

@@ -41,12 +41,15 @@ import torch
 import trio
 
 from engine.chat import check_messages
-from engine.data import concat_padded_tensors, trajectory_from_response
 from engine.errors import InvalidRequestError
+from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters, ModelRequest
+from engine.workflow import EpisodeEngine
 
 from .base import sample_gconfig
-from .rlvr import RLVRWorkflow, _decode
+from ._samples import sample_rows
+from ._text import decode
+from .rlvr import RLVRWorkflow
 
 __all__ = ["IMAGE_PART_TYPES", "VisionRLVRWorkflow", "build_vision_workflow", "encode_images", "read_images"]
 
@@ -101,7 +104,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         self.processor = processor
         self._limiter: trio.CapacityLimiter | None = None  # one processor call at a time (shared tokenizer)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]):
+    async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):
         if not isinstance(data, dict) or "images" not in data or "messages" not in data:
             missing = "data" if not isinstance(data, dict) else ("images" if "images" not in data else "messages")
             raise InvalidRequestError(f"VisionRLVRWorkflow: the dataset row has no {missing!r} field")
@@ -110,17 +113,15 @@ class VisionRLVRWorkflow(RLVRWorkflow):
             self._limiter = trio.CapacityLimiter(1)
         input_ids, image_data, image_fields, token_fields = await trio.to_thread.run_sync(
             self._process, data["messages"], images, limiter=self._limiter)
-        n = self.gconfig.n_samples
-        trajectories: list[Any] = [None] * n
         prompt_text: list[str] = []
 
-        async def one_sample(i: int) -> None:
+        async def one_sample(i: int) -> Any:
             req = ModelRequest(input_ids=input_ids, gconfig=sample_gconfig(self._sample_cfg, i),
                                tokenizer=self.tokenizer,
                                image_data=image_data, processor=self.processor)
             resp = await engine.agenerate(req)
             if not prompt_text:
-                prompt_text.append(_decode(self.tokenizer, resp.input_tokens, False))
+                prompt_text.append(decode(self.tokenizer, resp.input_tokens, False))
             scored = await self._reward(engine, resp, data, prompt_text[0])
             traj = trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
             for key, value in image_fields.items():
@@ -130,15 +131,9 @@ class VisionRLVRWorkflow(RLVRWorkflow):
                 full[:, : value.shape[1]] = value
                 traj[key] = full
             traj["num_images"] = torch.full((1,), len(images), dtype=torch.int32)
-            trajectories[i] = traj
+            return traj
 
-        if n == 1:
-            await one_sample(0)
-            return trajectories[0]
-        async with trio.open_nursery() as nursery:
-            for i in range(n):
-                nursery.start_soon(one_sample, i)
-        return concat_padded_tensors(trajectories)
+        return await sample_rows(self.gconfig.n_samples, one_sample)
 
     def _process(self, messages: Any, images: list[tuple[Any, bytes | None]]):
         """In a worker thread: render, run the processor, encode the images.

@@ -1,4 +1,4 @@
-"""``rollout bench``: the command line of the harness (``engine/cli.py`` delegates
+"""``rollout bench``: the command line of the harness (``engine/cli/_main.py`` delegates
 ``rollout bench ...`` to :func:`main`; ``python -m benchmarks.harness.cli`` is the same).
 
 With ``--backend sim`` (default) it runs the sides on a :class:`BenchConfig`

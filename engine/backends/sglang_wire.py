@@ -1,6 +1,6 @@
 """SGLang's native ``/generate`` wire format, both directions, in one module.
 
-The ``sglang`` client (:mod:`engine.backends.sglang`) writes requests and reads answers with
+The ``sglang`` client (:mod:`engine.backends.remote`) writes requests and reads answers with
 it; ``rollout serve`` (:mod:`engine.serve`) reads requests and writes answers with it, so the
 two sides cannot drift apart (``tests/unit/test_sglang_wire.py`` round-trips them).  Wire facts:
 ``SERVERS_AND_MODELS.md`` §1.  Pure: no I/O, no HTTP client, no trio.

@@ -36,7 +36,7 @@ _NO_TOP_K = 1 << 20  # our top_k at or above this (default 1e8) means "no top-k 
 def workflow_parts(workflow: Any) -> tuple[Any, Any]:
     """The workflow's ``(gconfig, tokenizer)`` when it has them (RLVR, multi-turn, math agent,
     any workflow with those attributes, or an object wrapped for its ``run`` method), else None."""
-    obj = getattr(workflow, "_obj", workflow)  # workflows.base._RunAdapter wraps objects with run()
+    obj = getattr(workflow, "_obj", workflow)  # engine.workflow._RunAdapter wraps objects with run()
     return getattr(obj, "gconfig", None), getattr(obj, "tokenizer", None)
 
 

@@ -174,7 +174,7 @@ class TRLRollout:
     def __init__(self, engine: Any, workflow: Any, config: TRLRolloutConfig | None = None, *,
                  workflow_kwargs: dict[str, Any] | None = None,
                  should_accept_fn: Callable[..., Any] | None = None) -> None:
-        from workflows.base import resolve_workflow
+        from engine.workflow import resolve_workflow
 
         self.config = config or TRLRolloutConfig()
         self.workflow = resolve_workflow(workflow, workflow_kwargs)

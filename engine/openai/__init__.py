@@ -15,6 +15,8 @@ Names resolve lazily: importing this package does not import ``openai``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 __all__ = [
     "EngineOpenAI",
     "Interaction",
@@ -45,6 +47,23 @@ _LAZY = {
     "trajectory_from_interactions": "engine.openai.interaction",
 }
 
+
+if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on first access
+    from .cache import InteractionCache as InteractionCache
+    from .client import EngineOpenAI as EngineOpenAI
+    from .interaction import Interaction as Interaction, trajectory_from_interactions as trajectory_from_interactions
+    from .proxy import (
+        OpenAIProxy as OpenAIProxy,
+        ProxyConfig as ProxyConfig,
+        ProxySession as ProxySession,
+        ProxyStatistics as ProxyStatistics,
+        open_openai_proxy as open_openai_proxy,
+    )
+    from .tool_calls import (
+        JsonInTagsToolCallParser as JsonInTagsToolCallParser,
+        ParsedToolCall as ParsedToolCall,
+        resolve_tool_parser as resolve_tool_parser,
+    )
 
 from ..lazy import lazy_exports  # noqa: E402
 

@@ -9,10 +9,8 @@ disconnect), the pause gate, the weight version it reports, counters.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._jsonable import plain
 from ..backends import sglang_wire as wire
 from ..errors import InvalidRequestError, RolloutError
 from ..types import ModelRequest, ModelResponse
@@ -335,7 +334,7 @@ class SGLangServer:
         return {"version": "trio-rollout", "model_path": self.model_path, "served_model_name": self.served_model_name,
                 "weight_version": self.weight_version, "paused": self._paused, "ready": self.ready,
                 "num_running_reqs": len(self._running), "counters": dict(self._counts),
-                "backend": _plain(dataclasses.asdict(self.backend.statistics()))}
+                "backend": plain(self.backend.statistics())}
 
     async def _get_weight_version(self, request: Request) -> Any:
         return {"weight_version": self.weight_version}
@@ -349,15 +348,5 @@ class SGLangServer:
 
     async def _flush_cache(self, request: Request) -> Response:
         return Response(b"Cache flushed.", 200, media_type="text/plain")
-
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj if not (isinstance(obj, float) and not math.isfinite(obj)) else None
-    return repr(obj)
 
 

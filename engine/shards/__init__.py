@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ._coordinator import AdmissionRecord, ShardedRolloutEngine, ShardStatistics, ShardsDiedError
 from ._open import SHARD_BACKENDS, open_sharded_engine
-from ._context import shard_index
+from ..context import shard_index
 
 __all__ = ["AdmissionRecord", "SHARD_BACKENDS", "ShardStatistics", "ShardedRolloutEngine", "ShardsDiedError",
            "open_sharded_engine", "shard_index"]

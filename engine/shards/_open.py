@@ -87,7 +87,7 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
             (``shard_backend="inline"``) run in the caller's process: they always
             follow ``config.gc_tuning``, as the coordinator does.
         track_episodes: when > 0, each shard times its episodes and counts their
-            tokens (:class:`~engine.monitor.EpisodeTracker`, a wrapper around each
+            tokens (:class:`~engine.cli._monitor.EpisodeTracker`, a wrapper around each
             workflow: a little CPU per generation request) and sends its
             ``track_episodes`` longest running with its statistics, for
             :meth:`ShardedRolloutEngine.longest_running` (the live view's

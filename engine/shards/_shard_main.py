@@ -28,7 +28,7 @@ import trio
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-from ._context import SHARD_INDEX
+from ..context import SHARD_INDEX
 from ._protocol import Channel, FrameStream, ShardInit, encode_results
 
 __all__ = ["build_backend", "run_shard", "shard_engine_config"]

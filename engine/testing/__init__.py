@@ -1,6 +1,6 @@
 """Offline helpers for testing workflows: tiny models and test doubles.
 
-* the tiny models (from :mod:`engine._tiny`, which the model cache shares): a byte-level
+* the tiny models (from :mod:`engine.models._tiny`, which the model cache shares): a byte-level
   tokenizer, a tiny random causal LM and a tiny random VLM;
 * :mod:`._doubles`: :class:`MockBackend` (an async function as a backend) and
   :class:`InProcessRewardPool` (rewards computed in-process).
@@ -41,7 +41,7 @@ an image into ``pixel_values`` of shape ``[1, 3, 32, 32]`` float32.
 """
 
 from ._doubles import InProcessRewardPool, MockBackend
-from engine._tiny import (
+from engine.models._tiny import (
     TINY_BOS_ID,
     TINY_EOS_ID,
     TINY_IMAGE_TOKEN,

@@ -27,7 +27,7 @@ class InProcessRewardPool:
         self.calls = 0
 
     async def score(self, reward_fn: Callable[..., Any], prompt: Any, completions: Any, prompt_ids: Any,
-                    completion_ids: Any, **data: Any) -> Any:
+                    completion_ids: Any, /, **data: Any) -> Any:
         """``RewardOutcome(reward=float(reward_fn(...)), is_fallback=False, attempts=1,
         latency_s=0.0)``; whatever ``reward_fn`` raises propagates."""
         from rewards import RewardOutcome

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from engine.outputs import load_rollouts, load_trajectories
+from engine.cli import load_rollouts, load_trajectories
 from engine.testing import build_tiny_model
 from fake_servers import FakeSGLang
 from test_cli_remote import _error_lines, serving

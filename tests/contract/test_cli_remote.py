@@ -177,7 +177,7 @@ def test_rollout_serve_on_a_busy_port_is_one_line(tiny, capsys):
 
 def test_choose_tokenizer_matches_names_and_vocabularies(tiny, tmp_path):
     from engine import InvalidRequestError
-    from engine._served import choose_tokenizer
+    from engine.backends.remote import choose_tokenizer
 
     a, b = "http://a:1", "http://b:1"
     assert choose_tokenizer(None, {a: tiny})[0] == tiny

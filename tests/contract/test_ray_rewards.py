@@ -237,7 +237,8 @@ async def test_engine_run_with_reward_backend_ray():
 
 
 def test_cli_selects_the_ray_backend():
-    from engine.cli import _engine_config, build_parser
+    from engine.cli._run import _engine_config
+    from engine.cli._parser import build_parser
 
     args = build_parser().parse_args(["run", "--reward-backend", "ray", "--ray-address", "ray://head:10001"])
     config = _engine_config(args)

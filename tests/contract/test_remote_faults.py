@@ -15,7 +15,7 @@ import trio
 
 from engine import BackendError, EngineConfig, ModelRequest, open_rollout_engine
 from engine.backends.remote import RemoteCallError, make_remote_backend
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.serve import HTTPResponse, serve_http
 from engine.types import GenerationHyperparameters as G
 from fake_servers import FakeSGLang, FakeVLLM, fake_tokens

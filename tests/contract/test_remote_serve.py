@@ -24,7 +24,7 @@ import trio
 
 from engine import EngineConfig, ModelRequest, open_rollout_engine
 from engine.backends.remote import make_remote_backend
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.testing import build_tiny_model
 from engine.types import GenerationHyperparameters as G
 from workflows import RolloutWorkflow

@@ -31,7 +31,7 @@ import trio
 
 from engine import ModelRequest, open_rollout_engine
 from engine.backends.remote import WORKER_EXTENSION, make_remote_backend, vllm_worker_dir
-from engine.backends.vllm import vllm_abort_id
+from engine.backends.remote import vllm_abort_id
 from engine.types import GenerationHyperparameters as G
 
 ROOT = Path(__file__).resolve().parents[2]

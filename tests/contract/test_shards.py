@@ -479,7 +479,7 @@ import torch
 import trio
 
 from engine import EngineConfig, ModelRequest, SimBackend, SimConfig
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.shards import open_sharded_engine, shard_index
 from engine.types import GenerationHyperparameters
 from workflows import RolloutWorkflow

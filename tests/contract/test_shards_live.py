@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from engine import EngineConfig
-from engine.monitor import RunMonitor
+from engine.cli._monitor import RunMonitor
 from engine.shards import open_sharded_engine
 from shard_fixtures import Echo, sim
 

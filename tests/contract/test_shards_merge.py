@@ -97,8 +97,8 @@ async def test_a_killed_shard_s_last_gauges_leave_the_engine_statistics(autojump
         records = engine.shard_statistics()
         assert all(r.accepted + r.rejected + r.failed == r.ended for r in records)
         assert sum(r.accepted for r in records) == engine.statistics().accepted == 64
-        from engine.live import plain_line
-        from engine.monitor import RunMonitor
+        from engine.cli._live import plain_line
+        from engine.cli._monitor import RunMonitor
 
         snap = RunMonitor(engine, total=64).snapshot()
         assert (snap.shards, snap.shards_alive) == (2, 1) and "| shards 1/2 alive |" in plain_line(snap)

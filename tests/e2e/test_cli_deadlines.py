@@ -12,7 +12,7 @@ import json
 import pytest
 
 from conftest import run_cli
-from engine.cli import _explicit_options, build_parser
+from engine.cli._parser import _explicit_options, build_parser
 
 SIM = ["run", "--backend", "sim", "--dataset", "builtin:arith:3", "--n-samples", "1", "--max-new-tokens", "4",
        "--quiet"]
@@ -37,9 +37,9 @@ def test_a_bad_deadline_is_one_line_naming_the_flag(flag, value, tmp_path, capsy
 
 
 def test_the_deadlines_reach_their_settings_objects():
-    from engine._cli_deadlines import remote_deadlines
+    from engine.cli._deadlines import remote_deadlines
     from engine.backends.remote import make_remote_backend
-    from engine.cli import _engine_config
+    from engine.cli._run import _engine_config
 
     args = build_parser().parse_args([*SIM, "--no-server-timeout", "7", "--attempt-timeout", "9",
                                       "--episode-timeout", "11"])

@@ -19,7 +19,7 @@ import pytest
 
 import engine.shards
 from conftest import run_cli
-from engine.cli import _explicit_options, build_parser
+from engine.cli._parser import _explicit_options, build_parser
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_shard_timeout_reaches_the_engine_and_is_kept_on_resume(tmp_path, capsys
 
     for argv, expected in ((["run", "--resume", str(out)], 7.5),
                            (["run", "--resume", str(out), "--shard-timeout", "30"], 30.0)):  # given again: wins
-        from engine._journal import resolve_resume_options
+        from engine.cli._journal import resolve_resume_options
 
         args = build_parser().parse_args(argv)
         resolve_resume_options(args, _explicit_options(argv))

@@ -21,8 +21,8 @@ import trio
 from engine.backends.sim import SimBackend, SimConfig
 from engine.cli import main
 from engine.executor import EngineConfig, open_rollout_engine
-from engine.live import plain_line, render, view_mode
-from engine.metrics import observe_run, snapshot_metrics
+from engine.cli._live import plain_line, render, view_mode
+from engine.cli._metrics import observe_run, snapshot_metrics
 from engine.testing import build_tiny_tokenizer
 from engine.types import GenerationHyperparameters
 from rewards.gsm8k import gsm8k_reward
@@ -127,7 +127,7 @@ def test_metric_families_and_the_plain_line_carry_the_same_numbers():
     from prometheus_client.parser import text_string_to_metric_families
     from prometheus_client.registry import CollectorRegistry
 
-    from engine.monitor import EpisodeTiming, RunSnapshot
+    from engine.cli._monitor import EpisodeTiming, RunSnapshot
 
     snap = RunSnapshot(elapsed_s=3.0, total=10, submitted=10, queued=2, running=3, accepted=4, rejected=1, failed=0,
                        rejected_by_reason={"stale": 1}, failed_by_reason={}, results_waiting=1, generated_tokens=500,
@@ -154,7 +154,7 @@ def test_metric_families_and_the_plain_line_carry_the_same_numbers():
 
 
 def _snapshot(**kw):
-    from engine.monitor import RunSnapshot
+    from engine.cli._monitor import RunSnapshot
 
     base = dict(elapsed_s=3.0, total=10, submitted=10, queued=2, running=3, accepted=4, rejected=1, failed=0,
                 rejected_by_reason={}, failed_by_reason={}, results_waiting=1, generated_tokens=500, tokens_per_s=120.0,

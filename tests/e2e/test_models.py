@@ -20,7 +20,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine import _folders, models  # noqa: E402
+from engine.models import _folders, _resolve as models  # noqa: E402
 from engine.errors import InvalidRequestError  # noqa: E402
 from engine.models import BUILTIN_MODEL, default_cache_dir, ensure_smollm2, resolve_model  # noqa: E402
 from engine.testing import TINY_EOS_ID, TINY_PAD_ID, build_tiny_model, build_tiny_tokenizer  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.outputs import load_rollouts, load_trajectories
+from engine.cli import load_rollouts, load_trajectories
 
 ROOT = Path(__file__).resolve().parents[2]
 N_SAMPLES = 2

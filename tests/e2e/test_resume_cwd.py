@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine._journal import resolve_resume_options
+from engine.cli._journal import resolve_resume_options
 
 
 def _saved_run(tmp_path: Path, options: dict, cwd: str | None) -> Path:

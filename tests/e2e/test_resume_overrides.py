@@ -7,7 +7,7 @@ Regressions (new-user trial):
   being resumed; it now prints what the resume would run, overrides included.
 * ``--resume h2 --shards 3`` wrote ``shards = 3`` into ``config.toml`` but left 2 in
   ``run.json``, so the next plain ``--resume`` ran 2 shards: an option of how the run
-  executes (``engine._journal.KEPT_OPTIONS``) given again on ``--resume`` is now the run's
+  executes (``engine.cli._journal.KEPT_OPTIONS``) given again on ``--resume`` is now the run's
   from then on: ``run.json``, ``config.toml`` and every later ``--resume`` agree.
 """
 
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from conftest import run_cli
-from engine.config_file import tomllib
+from engine.cli._config_file import tomllib
 
 RUN = ["run", "--backend", "sim", "--dataset", "builtin:arith:3", "--n-samples", "1", "--max-new-tokens", "8",
        "--quiet"]

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from engine.cli import build_parser
-from engine.config_file import ConfigError, config_dict, merge_config_file, tomllib
+from engine.cli._parser import build_parser
+from engine.cli._config_file import ConfigError, config_dict, merge_config_file, tomllib
 from conftest import run_cli
 
 TIMING = ("wall_seconds", "startup_seconds", "generated_tokens_per_second", "reward_statistics", "backend_statistics")

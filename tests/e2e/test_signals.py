@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from engine._signals import Interrupt, watch_signals
+from engine.cli._signals import Interrupt, watch_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ async def test_the_first_signal_cancels_the_scope_and_the_second_is_handed_on():
 
 
 def test_a_second_signal_exits_at_once_with_one_line():
-    code = "from engine._signals import exit_at_once; import signal; exit_at_once(signal.SIGINT); print('not here')"
+    code = "from engine.cli._signals import exit_at_once; import signal; exit_at_once(signal.SIGINT); print('not here')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 130 and proc.stdout == ""

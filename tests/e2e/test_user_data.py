@@ -1,6 +1,6 @@
 """A user's own data and reward (issue 15).
 
-Unit tier: :mod:`engine.hf_datasets` on files the tests write (jsonl, parquet, csv,
+Unit tier: :mod:`engine.datasets._hf` on files the tests write (jsonl, parquet, csv,
 save_to_disk folders), column mapping, bad rows, the exact-match reward.
 End-to-end tier: ``rollout run --backend sim`` on a parquet file with
 ``problem``/``solution`` columns and the math-verify reward, a jsonl with a
@@ -17,7 +17,7 @@ import datasets
 import pytest
 
 from engine.errors import DatasetError
-from engine.hf_datasets import DataSpec, load_items, render_template
+from engine.datasets import DataSpec, load_items, render_template
 from rewards.exact_match import exact_match_reward, normalize
 from rewards.math import math_reward
 from conftest import run_cli
@@ -135,7 +135,7 @@ def test_unusable_rows_name_their_index_and_are_skipped_on_request(tmp_path, cap
                     '{"question": "no answer", "answer": null}\n{"question": "fine", "answer": "4"}\n')
     with pytest.raises(DatasetError, match=r"row index 1: field 'question' is empty"):
         load_items(DataSpec(source=str(path), required=("answer",)))
-    caplog.set_level(logging.WARNING, logger="rollout.engine.hf_datasets")
+    caplog.set_level(logging.WARNING, logger="rollout.engine.datasets._hf")
     got = load_items(DataSpec(source=str(path), required=("answer",), skip_bad_rows=True))
     assert [i["question"] for i in got.items] == ["ok", "fine"]
     assert got.skipped == ((1, "field 'question' is empty"),
@@ -225,10 +225,10 @@ def test_run_on_a_save_to_disk_folder_with_split_template_limit_shuffle_epochs(t
 
 
 def test_rollout_run_refuses_an_unusable_row_in_one_line(tmp_path, capsys, monkeypatch):
-    import engine._cli_backend
-    import engine.cli
+    import engine.cli._backend
+    import engine.cli._main
 
-    monkeypatch.setattr(engine._cli_backend, "tokenizer_and_backend", lambda args: pytest.fail("no work for bad input"))
+    monkeypatch.setattr(engine.cli._backend, "tokenizer_and_backend", lambda args: pytest.fail("no work for bad input"))
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "ok", "solution": "1"}\n{"problem": "", "solution": "2"}\n')
     code, _, err = _cli(["run", "--backend", "sim", "--dataset", str(data), "--reward", "math", "--quiet",

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine.testing import InProcessRewardPool
 from engine import EngineConfig, MockBackend, ModelResponse, open_rollout_engine
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from workflows import RolloutWorkflow
 
 OPS = st.sampled_from(["submit", "submit", "accept", "reject", "fail", "wait", "pause", "resume", "bump"])

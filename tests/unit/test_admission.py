@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from engine import EngineConfig, MockBackend, ModelResponse, open_rollout_engine
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.executor import sample_index
 from engine.staleness import StalenessManager, staleness_capacity
 from workflows import RolloutWorkflow

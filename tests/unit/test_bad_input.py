@@ -95,13 +95,13 @@ def test_a_non_utf8_line_names_file_and_line(tmp_path):
     ],
 )
 def test_rollout_run_refuses_bad_rows_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, rows, needle):
-    import engine._cli_backend
-    import engine.cli
+    import engine.cli._backend
+    import engine.cli._main
 
     def no_work(*args, **kwargs):
         raise AssertionError("no backend may be built for bad input")
 
-    monkeypatch.setattr(engine._cli_backend, "tokenizer_and_backend", no_work)
+    monkeypatch.setattr(engine.cli._backend, "tokenizer_and_backend", no_work)
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(rows)
     code, _, err = _cli(["run", "--backend", "sim", "--quiet", "--dataset", str(bad), "--out", str(tmp_path / "o")],
@@ -110,13 +110,13 @@ def test_rollout_run_refuses_bad_rows_in_one_line_before_any_work(tmp_path, caps
 
 
 def test_out_pointing_at_a_file_is_refused_at_start_up(tmp_path, capsys, monkeypatch):
-    import engine._cli_backend
-    import engine.cli
+    import engine.cli._backend
+    import engine.cli._main
 
     def no_work(*args, **kwargs):
         raise AssertionError("no backend may be built for bad input")
 
-    monkeypatch.setattr(engine._cli_backend, "tokenizer_and_backend", no_work)
+    monkeypatch.setattr(engine.cli._backend, "tokenizer_and_backend", no_work)
     target = tmp_path / "a-file"
     target.write_text("not a folder")
     code, _, err = _cli(["run", "--backend", "sim", "--quiet", "--out", str(target)], capsys)

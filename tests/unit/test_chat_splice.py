@@ -1,5 +1,5 @@
 """Chat prompts rendered by splicing the contents into a template rendered once per
-structure (``engine.chat_splice``) are exactly ``apply_chat_template``'s string and
+structure (``engine.chat._splice``) are exactly ``apply_chat_template``'s string and
 token ids; a template that looks at the content, or is not deterministic, is rendered
 in full on every call."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import jinja2
 import pytest
 
-from engine import chat_splice
-from engine.chat_splice import render_chat
+from engine.chat import _splice as chat_splice
+from engine.chat import render_chat
 from engine.models import smollm2_dir
 from engine.testing import build_tiny_tokenizer
 from workflows.rlvr import default_get_input_ids

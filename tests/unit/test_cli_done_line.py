@@ -1,4 +1,4 @@
-"""The line ``rollout run`` prints at the end (``engine.cli._done_line``).
+"""The line ``rollout run`` prints at the end (``engine.cli._main._done_line``).
 
 Regression: after ``kill -9`` and ``--resume``, the line read "32/48 episodes
 accepted" for a run whose 32 items all ended accepted: the 16 episodes the killed
@@ -10,7 +10,7 @@ that were still queued (never started): it now says what is true of all of them.
 
 from __future__ import annotations
 
-from engine.cli import _done_line
+from engine.cli._main import _done_line
 
 BASE = {"accepted": 32, "submitted": 48, "trajectories": 64, "reward_mean": 0.5, "generated_tokens": 1090,
         "wall_seconds": 2.7, "generated_tokens_per_second": 408.0}
@@ -43,7 +43,7 @@ def test_the_interrupt_line_counts_the_items_left_not_the_episodes_cancelled_ove
     interrupted segment's episodes, while 49 items were left for ``--resume``."""
     from pathlib import Path
 
-    from engine.cli import _interrupted_line
+    from engine.cli._main import _interrupted_line
 
     summary = {"exit": "SIGINT", "items": 80, "items_done": 31, "submitted": 136, "cancelled": 106, "lost": 0}
     line = _interrupted_line(summary, Path("h2"))

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import reward_fixtures
 from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
 from engine.chat import TokenConversation, render_messages
-from engine.chat_splice import render_chat
+from engine.chat import render_chat
 from engine.datasets import builtin_arith, to_item
 from engine.errors import DatasetError
 from engine.sync import RolloutEngineThread

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from engine.data import TRAJECTORY_SCHEMA, concat_padded_tensors, trajectory_from_response
+from engine.data import TRAJECTORY_SCHEMA, concat_padded_tensors
+from engine.trajectory import trajectory_from_response
 from engine.types import ModelResponse
 
 

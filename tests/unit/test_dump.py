@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine import EngineConfig, MockBackend, ModelRequest, ModelResponse, open_rollout_engine
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.testing import build_tiny_tokenizer
 from workflows import RolloutWorkflow
 

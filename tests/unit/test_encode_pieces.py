@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from engine import encode as _encode
-from engine.encode import encode_prompt
+from engine.chat import _encode
+from engine.chat import encode_prompt
 from engine.testing import build_tiny_tokenizer
 
 CORPUS = [

@@ -126,7 +126,7 @@ async def test_an_episode_admitted_as_the_engine_closes_ends_cancelled(reward_po
             self.scope = scope
 
         async def arun_episode(self, engine, data):
-            from engine.data import trajectory_from_response
+            from engine.trajectory import trajectory_from_response
             from engine.types import ModelRequest
 
             resp = await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationHyperparameters(

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from engine import EngineConfig, MockBackend, ModelRequest, ModelResponse, open_rollout_engine
-from engine.chat import _DRIFT_EVENTS, collect_drift_events, record_drift
-from engine.data import trajectory_from_response
+from engine.chat._delta import _DRIFT_EVENTS
+from engine.chat import collect_drift_events, record_drift
+from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters
 from rewards._context import _COLLECTOR
 from workflows import RolloutWorkflow

@@ -23,7 +23,7 @@ from engine import (
     WorkflowError,
     open_rollout_engine,
 )
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters
 from workflows import RolloutWorkflow, resolve_workflow
 

@@ -79,7 +79,8 @@ async def test_gc_tuning_is_opt_in(reward_pool, host_gc):
 
 
 def test_the_cli_opts_in():
-    from engine.cli import _engine_config, build_parser
+    from engine.cli._run import _engine_config
+    from engine.cli._parser import build_parser
 
     args = build_parser().parse_args(["run", "--backend", "sim"])
     assert _engine_config(args).gc_tuning is True

@@ -24,7 +24,7 @@ import trio
 
 from engine import BackendError, EngineConfig, ModelRequest, open_rollout_engine
 from engine.backends.remote import RemoteTimeouts, make_remote_backend
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.errors import InvalidRequestError, failure_reason
 from engine.serve import HTTPRequest
 from engine.testing import MockBackend
@@ -111,8 +111,8 @@ def one_server(**opts):
 
 
 async def test_the_only_server_killed_fails_in_flight_and_queued_episodes_at_the_window(reward_pool, autojump_clock):
-    from engine.metrics import snapshot_metrics
-    from engine.monitor import RunMonitor
+    from engine.cli._metrics import snapshot_metrics
+    from engine.cli._monitor import RunMonitor
 
     server, backend = one_server(no_server_timeout_s=60.0)
     with WarningTimes() as warnings:

@@ -12,7 +12,7 @@ import torch
 
 import reward_fixtures
 from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
-from engine.chat_splice import render_chat
+from engine.chat import render_chat
 from engine.datasets import builtin_arith, to_item
 from engine.testing import build_tiny_tokenizer
 from engine.types import GenerationHyperparameters

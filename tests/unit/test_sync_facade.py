@@ -12,7 +12,7 @@ import trio
 
 from engine.testing import InProcessRewardPool
 from engine import EngineConfig, MockBackend, SimBackend, SimConfig
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.sync import RolloutEngineThread
 from engine.types import ModelRequest
 from workflows import RolloutWorkflow

@@ -15,7 +15,7 @@ import trio
 
 from engine.testing import InProcessRewardPool
 from engine import EngineConfig, SimBackend, SimConfig, open_rollout_engine
-from engine.data import trajectory_from_response
+from engine.trajectory import trajectory_from_response
 from engine.datastream import DataStream
 from engine.errors import DataExhaustedError, DatasetError, EpisodeFailuresError
 from engine.sync import RolloutEngineThread

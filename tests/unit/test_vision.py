@@ -373,7 +373,7 @@ def test_cli_vision_rlvr_on_the_builtin_tiny_vlm(tmp_path, monkeypatch, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["accepted"] == summary["submitted"] == 16 and summary["failed"] == 0
     assert summary["trajectories"] == 32 and summary["model"] == "builtin:tiny-vlm"
-    from engine.outputs import load_trajectories
+    from engine.cli import load_trajectories
 
     batch = load_trajectories(out)  # every committed shard as one batch
     assert TensorDict.load(next((out / "trajectories").glob("shard-*")))["pixel_values"].ndim == 5

@@ -299,7 +299,7 @@ class HFBackendFactory:
         return self.devices[(index or 0) % len(self.devices)]
 
     def __call__(self) -> HFBackend:
-        from ...shards import shard_index
+        from ...context import shard_index
 
         kwargs = dict(self.kwargs)
         if self.devices is not None:

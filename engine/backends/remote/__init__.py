@@ -97,6 +97,7 @@ from ._backend import RemoteBackend
 from ._config import RemoteTimeouts, RetryPolicy
 from ._errors import RemoteCallError, RemoteTimeoutError, map_exceptions
 from ._routing import ServerPool, ServerStatistics
+from ._startup import choose_tokenizer, open_remote_backend
 from ._stats import RemoteStatistics
 from ._wire import ParsedGeneration, WireCall, WireProtocol
 from .sglang import SGLangBackend, SGLangWire
@@ -119,8 +120,10 @@ __all__ = [
     "WORKER_EXTENSION",
     "WireCall",
     "WireProtocol",
+    "choose_tokenizer",
     "make_remote_backend",
     "map_exceptions",
+    "open_remote_backend",
     "vllm_abort_id",
     "vllm_worker_dir",
 ]

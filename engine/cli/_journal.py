@@ -1,6 +1,6 @@
 """The run folder of ``rollout run``: its options, its progress journal, resuming.
 
-``OUT/`` holds (the data files are described in :mod:`engine.outputs`):
+``OUT/`` holds (the data files are described in :mod:`engine.cli.outputs`):
 
 - ``run.json``: the options that define the run (:data:`LOCKED_OPTIONS`) and how it
   executes (:data:`KEPT_OPTIONS`), the number of dataset items and a fingerprint of
@@ -59,7 +59,7 @@ __all__ = ["KEPT_OPTIONS", "LOCKED_OPTIONS", "RERUN_REASONS", "RunState", "locke
 #: takes them from ``run.json`` and refuses different values.
 LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_size", "max_new_tokens",
                   "temperature", "seed", "consumer_batch_size", "max_head_offpolicyness",
-                  # how the dataset's rows become items (engine.hf_datasets)
+                  # how the dataset's rows become items (engine.datasets._hf)
                   "split", "subset", "shuffle", "epochs", "prompt_key", "answer_key", "messages_key",
                   "system_prompt", "prompt_template", "skip_bad_rows",
                   # what an episode runs and how it is scored

@@ -12,7 +12,7 @@ the process's signals (the engine, a library, never touches them).
 - a second signal, while that shutdown is still running, writes one line on
   stderr and ends the process at once (``os._exit``, exit status ``128 +
   signum``), as a user pressing Ctrl-C twice expects.  Outputs stay consistent
-  (the commit protocol of :mod:`engine.outputs` survives any kill).
+  (the commit protocol of :mod:`engine.cli.outputs` survives any kill).
 
 Exit statuses follow the shell convention: 130 for SIGINT, 143 for SIGTERM.
 """

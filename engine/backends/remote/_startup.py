@@ -1,81 +1,82 @@
-"""``rollout run`` against remote servers: wait for them, then pick the tokenizer.
+"""Start-up against remote servers (``rollout run --backend sglang|vllm``, the benchmarks):
+wait for them, then pick the tokenizer (:func:`open_remote_backend`).
 
 A remote run tokenizes on this side, so its tokenizer must be the one of the model the
-servers serve.  It comes from ``--model`` or, without it, from what the servers report
+servers serve.  It comes from ``model`` (``rollout run --model``) or, without it, from what the servers report
 (SGLang ``GET /get_model_info``, vLLM ``GET /v1/models``: :meth:`RemoteBackend.served_models`);
 a mismatch is refused at start-up (never the built-in tokenizer, silently):
 
 * servers that report different models: refused;
-* no ``--model``: the reported model's tokenizer, loaded here (a hub id from the local
+* no ``model``: the reported model's tokenizer, loaded here (a hub id from the local
   Hugging Face cache, or a path that exists here); refused if none is reported or it
   cannot be loaded here;
-* ``--model`` and a reported model: the same when the names agree (the whole spec, the
+* ``model`` and a reported model: the same when the names agree (the whole spec, the
   last path component, or the ``models--org--name`` folder of a Hugging Face cache path)
   and, where the reported model can be loaded here, when both tokenizers have the same
   vocabulary; refused otherwise.
+
+The refusals name ``--model`` and ``--server``, the options of ``rollout run``.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidRequestError
+from ...errors import InvalidRequestError
 
 __all__ = ["choose_tokenizer", "open_remote_backend"]
 
 
-async def open_remote_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
-    """Build the ``--backend sglang|vllm`` backend, wait for a healthy server (at most
-    ``--startup-timeout`` s), and load the tokenizer of the model it serves.
+async def open_remote_backend(kind: str, servers: Sequence[str], *, model: str | None = None,
+                              **options: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Build the ``kind`` (``"sglang"`` or ``"vllm"``) backend for ``servers``, wait for a
+    healthy server (at most ``startup_timeout_s``), and load the tokenizer of the model it
+    serves, or of ``model`` when given (checked against it: see the module docstring).
+
+    Args:
+        kind, servers: as :func:`~engine.backends.remote.make_remote_backend`.
+        model: a model spec for the tokenizer (:func:`engine.models.resolve_model`), or
+            ``None`` for the one the servers report.
+        options: passed to :func:`~engine.backends.remote.make_remote_backend`
+            (``request_timeout_s``, ``startup_timeout_s``, ``check_logprobs_mode``, ...).
 
     Returns:
         ``(tokenizer, backend, used)`` where ``used`` names the model, the tokenizer,
-        the servers and what each server reported (for ``summary.json``).
+        the servers and what each server reported (``served_models``); the backend's
+        HTTP client is closed again (an idle backend pickles, for engine shards; it
+        reopens on first use).
 
     Raises:
         BackendError: no server became healthy in time, or every server refused access;
-            :class:`~engine.backends.remote.vllm.LogprobsModeError` (worded for the
-            command line) for a vLLM server without ``--logprobs-mode processed_logprobs``.
-        InvalidRequestError: the tokenizer cannot be chosen (see the module docstring).
+            :class:`~engine.backends.remote.vllm.LogprobsModeError` for a vLLM server
+            without ``--logprobs-mode processed_logprobs``.
+        InvalidRequestError: a bad option, or the tokenizer cannot be chosen (see the
+            module docstring).
     """
     import trio
 
-    from .backends.remote import make_remote_backend
-    from .backends.remote.vllm import LogprobsModeError
+    from . import make_remote_backend
 
-    from ._cli_deadlines import remote_deadlines
-
-    backend = make_remote_backend(args.backend, args.server, request_timeout_s=args.request_timeout,
-                                  startup_timeout_s=args.startup_timeout,
-                                  **remote_deadlines(args))  # --no-server-timeout, --attempt-timeout
+    backend = make_remote_backend(kind, servers, **options)
     try:
-        try:
-            await backend.wait_ready()
-        except LogprobsModeError as exc:  # its fix names a Python switch the CLI has not
-            raise exc.with_fix(_CLI_LOGPROBS_FIX) from None
+        await backend.wait_ready()
         served = await backend.served_models()
-        model, tokenizer = await trio.to_thread.run_sync(choose_tokenizer, args.model, served)
+        model, tokenizer = await trio.to_thread.run_sync(choose_tokenizer, model, served)
     finally:  # drop the probe's HTTP client (reopened on first use): an idle backend pickles, for --shards
         with trio.CancelScope(shield=True):
             await backend.aclose()
     used = {"model": model, "tokenizer": str(getattr(tokenizer, "name_or_path", model)),
-            "servers": list(args.server), "served_models": served}
+            "servers": list(servers), "served_models": served}
     return tokenizer, backend, used
-
-
-#: How a ``rollout run`` user fixes a vLLM server's logprobs mode (the CLI cannot skip the check).
-_CLI_LOGPROBS_FIX = ("restart the server with --logprobs-mode processed_logprobs and VLLM_SERVER_DEV_MODE=1 "
-                     "(dev mode lets it report its mode on /server_info); rollout run has no option to skip this "
-                     "check")
 
 
 def _load(spec: str) -> Any:
     from transformers import AutoTokenizer
 
-    from .models import resolve_model
+    from ...models import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(spec))
 

@@ -101,8 +101,8 @@ def add_user_run_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def data_spec(args: argparse.Namespace, *, required: tuple[str, ...], prompt_suffix: str) -> Any:
-    """The :class:`engine.hf_datasets.DataSpec` of ``rollout run``'s options."""
-    from .hf_datasets import DataSpec
+    """The :class:`engine.datasets.DataSpec` of ``rollout run``'s options."""
+    from ..datasets import DataSpec
 
     return DataSpec(source=args.dataset, split=args.split, subset=args.subset, limit=args.limit,
                     shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, prompt_key=args.prompt_key,
@@ -118,7 +118,7 @@ _SIM_FIELDS = ("per_token_s", "prefill_s", "prefill_s_per_token", "out_len_media
 
 def sim_config(args: argparse.Namespace, tokenizer: Any) -> Any:
     """The :class:`~engine.backends.sim.SimConfig` of ``--sim-*`` (unset ones: defaults)."""
-    from .backends.sim import SimConfig
+    from ..backends.sim import SimConfig
 
     chosen = {name: getattr(args, f"sim_{name}") for name in _SIM_FIELDS
               if getattr(args, f"sim_{name}", None) is not None}
@@ -132,7 +132,7 @@ def sim_config(args: argparse.Namespace, tokenizer: Any) -> Any:
 
 def sim_backend(args: argparse.Namespace, tokenizer: Any) -> Any:
     """The :class:`~engine.backends.sim.SimBackend` of ``--sim-*`` (``--sim-text``: its token pool)."""
-    from .backends.sim import SimBackend
+    from ..backends.sim import SimBackend
 
     text = getattr(args, "sim_text", None)
     if text is not None and not text:

@@ -5,7 +5,7 @@ public entry is :mod:`engine.testing` (ids and shapes are documented there); the
 cache (:mod:`engine.models`) builds ``builtin:tiny`` and ``builtin:tiny-vlm`` from the
 ``write_*`` recipes, which is why they live here, below both (``engine.testing`` sits
 above the reward package, which uses the model cache).  ``write_*`` fill an empty
-folder; ``build_*`` write a folder atomically (:func:`engine._folders.atomic_build`).
+folder; ``build_*`` write a folder atomically (:func:`engine.models._folders.atomic_build`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine._folders import atomic_build
+from engine.models._folders import atomic_build
 
 __all__ = [
     "TINY_BOS_ID",

@@ -5,7 +5,7 @@ a one-turn or multi-turn chat, plus the row's columns, which reach the reward
 function as keyword arguments).  Sources (``DataSpec.source``):
 
 * ``builtin:arith[:N]`` (GSM8K-style word problems, offline) and
-  ``builtin:shapes[:N]`` (images, :mod:`engine._shapes`);
+  ``builtin:shapes[:N]`` (images, :mod:`engine.datasets._shapes`);
 * a local file: ``.jsonl``/``.json`` (JSON lines or a JSON array), ``.parquet``,
   ``.csv``, ``.arrow``;
 * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``,
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DatasetError
+from ..errors import DatasetError
 
 __all__ = ["ANSWER_KEYS", "DataSpec", "LoadedData", "PROMPT_KEYS", "load_items", "render_template"]
 
@@ -173,7 +173,7 @@ def _repeat(items: list[dict[str, Any]], spec: DataSpec) -> list[dict[str, Any]]
 
 
 def _builtin_shapes(spec: DataSpec) -> list[dict[str, Any]]:
-    from .datasets import load_dataset
+    from ._files import load_dataset
 
     items = load_dataset(spec.source, None)
     if spec.shuffle:
@@ -183,7 +183,7 @@ def _builtin_shapes(spec: DataSpec) -> list[dict[str, Any]]:
 
 def _builtin_text(spec: DataSpec) -> list[dict[str, Any]]:
     """The rows of ``builtin:arith[:N]`` (``question``, ``answer``), mapped like any dataset."""
-    from .datasets import load_dataset
+    from ._files import load_dataset
 
     return [{k: v for k, v in item.items() if k != "messages"} for item in load_dataset(spec.source, None)]
 

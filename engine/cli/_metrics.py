@@ -3,7 +3,7 @@ everything that watches a ``rollout run`` (monitor, live view, recorder, endpoin
 
 The endpoint (``prometheus-client``'s own HTTP server, on a registry of its own,
 so nothing process-wide changes) serves the numbers of
-:class:`~engine.monitor.RunSnapshot` under the ``rollout_`` prefix; each scrape
+:class:`~engine.cli._monitor.RunSnapshot` under the ``rollout_`` prefix; each scrape
 takes a fresh snapshot on the trio thread (``trio.from_thread``), or the last one
 once the run has ended.  Counters end in ``_total``:
 
@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator
 
 import trio
 
-from .monitor import RunMonitor, RunSnapshot
+from ._monitor import RunMonitor, RunSnapshot
 
 __all__ = ["observe_run", "open_metrics_server", "snapshot_metrics"]
 
@@ -147,11 +147,11 @@ async def observe_run(engine: Any, *, total: int, out: Path | None, append: bool
     with ``monitor.track`` and feed ``monitor.on_results``), its recorder writing
     ``metrics.jsonl``/``episodes.jsonl`` into ``out`` (appended to with ``append``,
     as a resumed run does), the live view (``view``:
-    ``"rich"``, ``"plain"`` or ``"off"``, :func:`engine.live.run_view`) and, with
+    ``"rich"``, ``"plain"`` or ``"off"``, :func:`engine.cli._live.run_view`) and, with
     ``metrics_port``, the Prometheus endpoint.  ``consumer``: a consumer takes batches
     and bumps the version (False: the views leave "generation ahead" out).  Leaving
     the scope writes the last sample and shows the final state."""
-    from .live import run_view
+    from ._live import run_view
 
     monitor = RunMonitor(engine, total=total, consumer=consumer)
     async with trio.open_nursery() as nursery:

@@ -46,7 +46,7 @@ import sys
 import weakref
 from typing import Any
 
-from ._collated import check_messages
+from .._collated import check_messages
 
 __all__ = ["render_chat"]
 

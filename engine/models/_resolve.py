@@ -18,7 +18,7 @@ in the dtype they choose (float32 on CPU).
 Cache folder: ``$TRIO_ROLLOUT_CACHE``, else ``$XDG_CACHE_HOME/trio-rollout``, else
 ``~/.cache/trio-rollout``. Every folder built here appears atomically: it is written
 into a temporary sibling, gets a marker file, and is renamed into place while holding
-an ``flock`` on the parent folder (:mod:`engine._folders`), so an interrupted build never
+an ``flock`` on the parent folder (:mod:`engine.models._folders`), so an interrupted build never
 leaves a half folder and two processes never build the same folder twice.
 """
 
@@ -30,7 +30,7 @@ import os
 import time
 from pathlib import Path
 
-from engine._folders import atomic_build, is_complete
+from engine.models._folders import atomic_build, is_complete
 from engine.errors import InvalidRequestError
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from ._tracker import EpisodeTiming, EpisodeTracker
+from .._tracker import EpisodeTiming, EpisodeTracker
 
 __all__ = ["EpisodeTiming", "EpisodeTracker", "RunMonitor", "RunSnapshot"]
 
@@ -108,7 +108,7 @@ class RunMonitor:
         self.total = total
         self.top = top
         self.consumer = consumer
-        self.metrics_url: str | None = None  # set by engine.metrics.observe_run when it serves metrics
+        self.metrics_url: str | None = None  # set by engine.cli._metrics.observe_run when it serves metrics
         self.start = trio.current_time()
         self._ended_timing: dict[int, EpisodeTiming] = {}
         self._tracker = EpisodeTracker(on_ended=lambda timing: self._ended_timing.__setitem__(timing.task_id, timing))
@@ -178,7 +178,7 @@ class RunMonitor:
 
     # -- the report's time series --------------------------------------------------------------
     def _shard_counts(self) -> dict[str, int]:
-        from .shards import ShardedRolloutEngine  # (not at import: engine.shards imports the executor)
+        from ..shards import ShardedRolloutEngine  # (not at import: engine.shards imports the executor)
 
         if not isinstance(self.engine, ShardedRolloutEngine):
             return {}

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .errors import RolloutError
+from ..errors import RolloutError
 
 __all__ = ["ReportError", "add_report_parser", "write_report"]
 

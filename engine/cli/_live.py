@@ -1,6 +1,6 @@
 """The live view of a run: a rich panel on a terminal, plain progress lines elsewhere.
 
-Both show a :class:`~engine.monitor.RunSnapshot`:
+Both show a :class:`~engine.cli._monitor.RunSnapshot`:
 
 * episodes: ended of total, in flight, waiting (queued), accepted, rejected and
   failed with their reasons, results not yet taken;
@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import trio
 
-from .monitor import RunMonitor, RunSnapshot
+from ._monitor import RunMonitor, RunSnapshot
 
 __all__ = ["plain_line", "render", "run_view"]
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import RolloutError
+from ..errors import RolloutError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -23,7 +23,7 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .models import resolve_model
+    from ..models import resolve_model
 
     hf_logging.disable_progress_bar()  # ours is the only progress bar
 
@@ -31,24 +31,24 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     if args.backend == "hf":
-        from .backends.hf import HFBackend
+        from ..backends.hf import HFBackend
 
         path = resolve_model(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         if args.shards:  # each shard process loads its own copy (an HFBackend cannot be pickled)
-            from .backends.hf import HFBackendFactory
+            from ..backends.hf import HFBackendFactory
 
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # more than one: a GPU per shard
             return tokenizer, HFBackendFactory(path, devices=[f"cuda:{i}" for i in range(gpus)] if gpus > 1 else None,
                                                max_batch_size=args.concurrency)
         return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
     if args.model is None:
-        from .testing import build_tiny_tokenizer
+        from ..models._tiny import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
     else:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-    from ._cli_options import sim_backend
+    from ._options import sim_backend
 
     return tokenizer, sim_backend(args, tokenizer)  # --sim-* options
 
@@ -56,9 +56,17 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
     if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
-        from ._served import open_remote_backend
+        from ..backends.remote import open_remote_backend
+        from ..backends.remote.vllm import LogprobsModeError
+        from ._deadlines import remote_deadlines
 
-        return await open_remote_backend(args)
+        try:
+            return await open_remote_backend(args.backend, args.server, model=args.model,
+                                             request_timeout_s=args.request_timeout,
+                                             startup_timeout_s=args.startup_timeout,
+                                             **remote_deadlines(args))  # --no-server-timeout, --attempt-timeout
+        except LogprobsModeError as exc:  # its fix names a Python switch the CLI has not
+            raise exc.with_fix(_CLI_LOGPROBS_FIX) from None
     tokenizer, backend = await trio.to_thread.run_sync(tokenizer_and_backend, args)
     model = args.model or ("builtin:smollm2" if args.backend == "hf" else None)
     name = getattr(tokenizer, "name_or_path", None)
@@ -69,13 +77,19 @@ async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, A
 def open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: Any) -> Any:
     """``open_rollout_engine``, or with ``--shards N`` ``open_sharded_engine``."""
     if not args.shards:
-        from .executor import open_rollout_engine
+        from ..executor import open_rollout_engine
 
         return open_rollout_engine(backend, config, tokenizer=tokenizer)
-    from .shards import open_sharded_engine
+    from ..shards import open_sharded_engine
 
     return open_sharded_engine(backend, config, shards=args.shards, shard_backend=args.shard_backend,
                                ray_address=args.ray_address if args.shard_backend == "ray" else None,
                                tokenizer=tokenizer, stats_interval_s=SHARD_STATS_INTERVAL_S,
                                shard_timeout_s=args.shard_timeout, track_episodes=STRAGGLERS,
                                torch_threads=args.torch_threads)
+
+
+#: How a ``rollout run`` user fixes a vLLM server's logprobs mode (the CLI cannot skip the check).
+_CLI_LOGPROBS_FIX = ("restart the server with --logprobs-mode processed_logprobs and VLLM_SERVER_DEV_MODE=1 "
+                     "(dev mode lets it report its mode on /server_info); rollout run has no option to skip this "
+                     "check")

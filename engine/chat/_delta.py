@@ -45,8 +45,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._collated import check_messages
-from .errors import WorkflowError
+from .._collated import check_messages
+from ..errors import WorkflowError
 
 __all__ = [
     "MessageDelta",

@@ -1,5 +1,5 @@
 """Datasets for ``rollout run``: GSM8K-style jsonl files, a built-in arithmetic set and a
-built-in image set (``builtin:shapes``, :mod:`engine._shapes`).
+built-in image set (``builtin:shapes``, :mod:`engine.datasets._shapes`).
 
 A row is ``{"question": str, "answer": str}`` where ``answer`` ends with
 ``#### <number>`` (GSM8K format, openai/grade-school-math).  :func:`load_dataset`
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import DatasetError
+from ..errors import DatasetError
 
 __all__ = ["BUILTIN_ARITH", "BUILTIN_SHAPES", "PROMPT_SUFFIX", "builtin_arith", "load_dataset", "to_item"]
 
@@ -71,7 +71,7 @@ def load_dataset(spec: str, limit: int | None = None, *, required: Sequence[str]
 
     ``builtin:shapes`` items are image rows for :class:`workflows.vision_rlvr.VisionRLVRWorkflow`
     (``images``, ``messages`` with an image part, ``question``, integer ``answer``; see
-    :func:`engine._shapes.builtin_shapes`); the others are text rows (:func:`to_item`).
+    :func:`engine.datasets.builtin_shapes`); the others are text rows (:func:`to_item`).
 
     Args:
         required: fields every row must have besides ``question`` (the reward's

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RewardError, RolloutError, WorkflowError
+from ..errors import RewardError, RolloutError, WorkflowError
 
 __all__ = ["DEFAULT_REWARD", "REWARDS", "WorkflowPlan", "add_workflow_arguments", "build_workflow", "plan_workflow",
            "reward_data_keys", "reward_prompt_hint", "workflows_epilog"]

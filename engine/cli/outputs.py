@@ -11,7 +11,7 @@
                                  folder and renamed; each is a TensorDict memmap folder
                                  (``TensorDict.load(shard)`` reads it without trio-rollout)
     summary.json                 rewritten atomically at every commit and at exit
-    run.json, progress.jsonl     the run's options and its journal (:mod:`engine._journal`)
+    run.json, progress.jsonl     the run's options and its journal (:mod:`engine.cli._journal`)
 
 Rows in ``rollouts.jsonl`` and shards follow completion order;
 :func:`load_trajectories` returns dataset order.  Only committed data counts: after
@@ -93,7 +93,7 @@ class RunWriter:
     """Writes one segment's outputs into a run folder (see the module docstring).
 
     Args:
-        state: the run folder, opened by :func:`engine._journal.open_run_dir`;
+        state: the run folder, opened by :func:`engine.cli._journal.open_run_dir`;
             kept up to date with every journal line written.
         tokenizer: decodes ``rollouts.jsonl`` text.
         shard_episodes: accepted episodes per trajectory shard (a commit).
@@ -249,7 +249,7 @@ class RunWriter:
     async def _commit(self) -> None:
         if not self._pending:
             return
-        from .data import concat_padded_tensors
+        from ..data import concat_padded_tensors
 
         accepted = [r.trajectory for r, _, _ in self._pending if r.status == "accepted"]
         shard = None
@@ -278,7 +278,7 @@ class RunWriter:
         await trio.to_thread.run_sync(write_json_atomic, self.state.out / SUMMARY, self.summary)
 
     def build_summary(self, exit: str) -> dict[str, Any]:
-        """Cumulative over the run's segments (see :mod:`engine._journal`)."""
+        """Cumulative over the run's segments (see :mod:`engine.cli._journal`)."""
         st = self.state
         live = exit == "running"
         segments = st.segment_records(live=self.segment if live else None)
@@ -346,7 +346,7 @@ def load_trajectories(out: str | Path) -> Any:
     import torch
     from tensordict import TensorDict
 
-    from .data import concat_padded_tensors
+    from ..data import concat_padded_tensors
 
     out = Path(out)
     parts = []

@@ -39,6 +39,7 @@ that :class:`~rewards.AsyncRewardWrapper` finds the engine's pool.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -52,6 +53,7 @@ from engine.errors import RewardError
 from . import _worker
 from ._attempts import Attempts, check_result
 from ._batch import Batcher, BatchFailed
+from ._board import JobBoard
 from ._context import pool_in_context, record_outcome, using_pool
 from ._options import RewardPoolOptions
 from ._pickling import check_signature, describe_fn, is_async, pickle_job, reward_data
@@ -268,12 +270,17 @@ async def open_reward_pool(options: RewardPoolOptions | None = None, /, **overri
     """
     options = (options or RewardPoolOptions()).with_changes("open_reward_pool", **overrides).resolved()
     assert options.max_workers is not None
-    async with trio_parallel.open_worker_context(
-        worker_type=trio_parallel.WorkerType(options.worker_type), init=_worker.init_worker
-    ) as context:
-        slots = WorkerSlots(context, options.max_workers, Counters())
-        async with serving(RewardPool(options, slots, options.worker_type)) as pool:
-            yield pool
+    board = JobBoard(options.max_workers)  # each running job's progress (rewards._board)
+    try:
+        async with trio_parallel.open_worker_context(
+            worker_type=trio_parallel.WorkerType(options.worker_type),
+            init=functools.partial(_worker.init_worker, board.path),
+        ) as context:
+            slots = WorkerSlots(context, options.max_workers, Counters(), board)
+            async with serving(RewardPool(options, slots, options.worker_type)) as pool:
+                yield pool
+    finally:
+        board.close()  # the workers have exited
 
 
 _Pool = TypeVar("_Pool", bound=RewardPool)

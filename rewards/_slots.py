@@ -21,14 +21,18 @@ worker before its first call, forever.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import trio
 import trio_parallel
 
+from . import _worker
+from ._board import JobBoard, Progress
 from ._stats import Counters
 
-__all__ = ["WORKER_START_TIMEOUT_S", "JobTimeout", "WorkerSlots"]
+__all__ = ["WORKER_START_TIMEOUT_S", "BatchInterrupted", "JobTimeout", "WorkerSlots"]
 
 #: Seconds a fresh worker process may take to start (not part of any call's timeout).
 WORKER_START_TIMEOUT_S = 120.0
@@ -36,6 +40,23 @@ WORKER_START_TIMEOUT_S = 120.0
 
 class JobTimeout(Exception):
     """One job (an attempt) ran past its timeout; its worker was killed."""
+
+
+class BatchInterrupted(Exception):
+    """A batch job (:meth:`WorkerSlots.run_batch`) ended without its results.
+
+    Attributes:
+        cause: why: :class:`JobTimeout` (its worker was killed),
+            ``trio_parallel.BrokenWorkerError`` (its worker died), or what else the
+            job raised (a result that could not be sent back).
+        progress: how far the batch got (:class:`~rewards._board.Progress`), or None
+            where the workers keep no board (Ray actors).
+    """
+
+    def __init__(self, cause: Exception, progress: Progress | None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.progress = progress
 
 
 class _NoLimit:
@@ -70,8 +91,10 @@ class WorkerSlots:
         starting: workers being started now (:meth:`_start_worker`).
     """
 
-    def __init__(self, context: trio_parallel.WorkerContext | None, max_workers: int, counters: Counters) -> None:
+    def __init__(self, context: trio_parallel.WorkerContext | None, max_workers: int, counters: Counters,
+                 board: JobBoard | None = None) -> None:
         self._ctx = context
+        self.board = board
         self.max_workers = max_workers
         self.counters = counters
         self.limiter = trio.CapacityLimiter(max_workers)
@@ -98,6 +121,65 @@ class WorkerSlots:
         finally:
             self.release()
 
+    async def run_batch(
+        self, jobs: list[bytes], timeout: float, nursery: trio.Nursery
+    ) -> tuple[list[tuple[str, Any]], float]:
+        """:func:`rewards._worker.run_batch` over ``jobs`` in a worker (the caller
+        holds a slot), recording its progress on the board.
+
+        Each call gets ``timeout`` seconds of its own: the job is killed once the
+        call running in it has run ``timeout`` seconds (a watchdog task in
+        ``nursery`` reads when that call started from the board), so the calls
+        before it never eat into its time.  Without a board (Ray actors) the whole
+        job gets ``timeout``.
+
+        Returns:
+            ``(results, work_s)``: one tagged result per job, and the seconds they took.
+
+        Raises:
+            BatchInterrupted: the job timed out, its worker died, or its results could
+                not be sent back; with what the batch recorded before.
+            trio.Cancelled: the caller was cancelled; the worker was killed first.
+        """
+        board = self.board
+        ticket = None if board is None else board.take()
+        if board is None or ticket is None:  # no board (Ray actors): no progress either
+            try:
+                return await self.run_job(_worker.run_batch, jobs, timeout=timeout)
+            except Exception as exc:
+                raise BatchInterrupted(exc, None) from exc
+        try:
+            if len(jobs) == 1:
+                return await self._run_sync(_worker.run_ticketed, ticket, _worker.run_batch, jobs, timeout=timeout)
+            await self._ensure_worker()  # (a worker's start is not timed)
+            kill, watching = trio.CancelScope(), trio.CancelScope()
+            nursery.start_soon(self._watch, ticket, timeout, kill, watching)
+            try:
+                with kill:
+                    return await self._run_started(
+                        _worker.run_ticketed, ticket, _worker.run_batch, jobs, timeout=math.inf
+                    )
+            finally:
+                watching.cancel()
+            raise JobTimeout
+        except Exception as exc:
+            raise BatchInterrupted(exc, board.progress(ticket)) from exc
+        finally:
+            board.give(ticket)
+
+    async def _watch(self, ticket: int, timeout: float, kill: trio.CancelScope, watching: trio.CancelScope) -> None:
+        """Cancel ``kill`` once the call running in ``ticket``'s batch has run
+        ``timeout`` seconds (time.monotonic, as the worker records it)."""
+        assert self.board is not None
+        with watching:
+            deadline = time.monotonic() + timeout
+            while True:
+                await trio.sleep(max(deadline - time.monotonic(), 0.0))
+                deadline = self.board.started_at(ticket) + timeout  # 0.0 + timeout if no call started
+                if deadline <= time.monotonic():
+                    kill.cancel()
+                    return
+
     async def run_job(self, function: Any, *args: Any, timeout: float) -> Any:
         """``function(*args)`` in a worker (the caller holds a slot); kill it on timeout.
 
@@ -107,10 +189,21 @@ class WorkerSlots:
             trio.Cancelled: the caller was cancelled; the worker was killed first.
             Exception: what ``function`` raised in the worker.
         """
+        return await self._run_sync(function, *args, timeout=timeout)
+
+    async def _run_sync(self, function: Any, *args: Any, timeout: float) -> Any:
+        await self._ensure_worker()
+        return await self._run_started(function, *args, timeout=timeout)
+
+    async def _ensure_worker(self) -> None:
         assert self._ctx is not None, "WorkerSlots without a context must override run_job"
-        counters = self.counters
         if self._ctx.statistics().idle_workers == 0:  # the job would start a worker: start it untimed
             await self._start_worker()
+
+    async def _run_started(self, function: Any, *args: Any, timeout: float) -> Any:
+        """``function(*args)`` on an idle worker (no schedule point since :meth:`_ensure_worker`)."""
+        assert self._ctx is not None
+        counters = self.counters
         try:
             with trio.move_on_after(timeout) as scope:
                 return await self._ctx.run_sync(function, *args, kill_on_cancel=True, limiter=self._unlimited)

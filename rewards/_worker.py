@@ -46,13 +46,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import mmap
 import numbers
 import os
 import pickle
 import select
 import signal
+import struct
 import time
 from typing import Any
+
+from ._board import HEADER, REGION_BYTES
 
 __all__ = [
     "INVALID",
@@ -68,6 +72,7 @@ __all__ = [
     "load_job",
     "run_batch",
     "run_job",
+    "run_ticketed",
 ]
 
 OK = "ok"
@@ -266,27 +271,94 @@ def run_batch(jobs: list[bytes]) -> tuple[list[tuple[str, Any]], float]:
     Actors are not set up here (``NOT_SET_UP``: the parent sends that job on its
     own, under the setup timeout).  A reward's exception becomes
     ``(RAISED, exception)`` instead of failing the batch.
+
+    Run as the job of a ticket (:func:`run_ticketed`), it records on the pool's
+    board which call is running and each result as it comes (:mod:`rewards._board`):
+    if the worker is killed mid-batch, the parent still knows both.
     """
     results: list[tuple[str, Any]] = []
+    board, region = _BOARD, _REGION
+    used, recorded = HEADER.size, 0
+    if region is not None:
+        HEADER.pack_into(board, region, 0, 0, used, 0, time.monotonic())  # call 0 is running
     start = time.perf_counter()
-    for job in jobs:
+    for i, job in enumerate(jobs):
         try:
-            results.append(run_job(job, allow_setup=False))
+            result = run_job(job, allow_setup=False)
         except Exception as exc:
-            results.append((RAISED, _portable(exc)))
+            result = (RAISED, _portable(exc))
+        results.append(result)
+        if region is not None:
+            if recorded == i:  # every earlier result is recorded: record this one too
+                size = _record(board, region + used, REGION_BYTES - used, result)
+                if size:
+                    used += size
+                    recorded += 1
+            HEADER.pack_into(board, region, i + 1, recorded, used, 0, time.monotonic())  # record, then header
     return results, time.perf_counter() - start
+
+
+def _record(board: Any, offset: int, room: int, result: tuple[str, Any]) -> int:
+    """Write ``result`` at ``offset`` (length-prefixed pickle); its size, or 0 if it
+    does not pickle or fit in ``room`` bytes."""
+    try:
+        data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return 0
+    size = 4 + len(data)
+    if size > room:
+        return 0
+    board[offset:offset + size] = struct.pack("<i", len(data)) + data
+    return size
+
+
+#: The pool's job board (:mod:`rewards._board`), mapped at :func:`init_worker`; None
+#: without one (a Ray actor, a worker of another context).
+_BOARD: mmap.mmap | None = None
+#: The offset of the running job's region on the board (:func:`run_ticketed`), or None.
+_REGION: int | None = None
+
+
+def run_ticketed(ticket: int, function: Any, *args: Any) -> Any:
+    """``function(*args)`` as the job that holds ``ticket`` on the pool's board
+    (:mod:`rewards._board`; what :func:`run_batch` records goes to its region).
+
+    Raises:
+        Exception: what ``function`` raises.
+    """
+    global _REGION
+    _REGION = None if _BOARD is None else ticket * REGION_BYTES
+    try:
+        return function(*args)
+    finally:
+        _REGION = None
+
+
+def _attach_board(path: str) -> None:
+    """Map the pool's board file (read and write), once per process."""
+    global _BOARD
+    if _BOARD is not None:
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _BOARD = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
 
 
 #: The write end of the guardian's pipe: open for as long as this worker lives.
 _GUARD_FD: int | None = None
 
 
-def init_worker() -> None:
-    """trio-parallel's ``init`` hook: put this worker in its own session and
-    process group and start its guardian (see the module docstring).  A no-op
-    where ``os.setsid``/``os.fork`` do not exist, or if the worker already leads
-    a group (nothing of its own to kill then)."""
+def init_worker(board: str | None = None) -> None:
+    """trio-parallel's ``init`` hook: map the pool's job ``board`` (a file path,
+    :mod:`rewards._board`; None: none), put this worker in its own session and
+    process group and start its guardian (see the module docstring).  The
+    session part is a no-op where ``os.setsid``/``os.fork`` do not exist, or if
+    the worker already leads a group (nothing of its own to kill then)."""
     global _GUARD_FD
+    if board is not None:
+        _attach_board(board)
     if _GUARD_FD is not None or not hasattr(os, "setsid") or not hasattr(os, "fork"):
         return
     try:

@@ -14,7 +14,8 @@ The pool is assembled from parts, each in its own module:
 Where we differ from AReaL (**ours**):
 
 * A timeout or a cancellation *kills* the worker process and every process the
-  reward started (:func:`rewards._worker.init_worker`); AReaL only stops
+  reward started, also those in a session of their own (:func:`rewards._worker.init_worker`,
+  :mod:`rewards._proctree`); so does closing the pool or retiring a worker; AReaL only stops
   waiting, so one hung verifier holds a worker for the rest of the run (AReaL PR
   #1426, verl #6673).  Other calls keep flowing while one hangs.
 * A worker that dies (``os._exit``, segfault, OOM kill) affects only the call it
@@ -274,7 +275,8 @@ async def open_reward_pool(options: RewardPoolOptions | None = None, /, **overri
     try:
         async with trio_parallel.open_worker_context(
             worker_type=trio_parallel.WorkerType(options.worker_type),
-            init=functools.partial(_worker.init_worker, board.path),
+            init=functools.partial(_worker.init_worker, board.path, subreaper=True),
+            retire=_worker.retire_worker,
         ) as context:
             slots = WorkerSlots(context, options.max_workers, Counters(), board)
             async with serving(RewardPool(options, slots, options.worker_type)) as pool:

@@ -34,7 +34,14 @@ writer is the worker and, on Linux, on a pidfd of the engine process; when the
 worker dies (killed on timeout or cancellation, crashed, or exited because the
 pool closed) or the engine process dies (even by SIGKILL), the guardian kills
 the whole group with SIGKILL, itself included.  A child that starts its own
-session (``start_new_session=True``) leaves the group and is not covered.
+session (``start_new_session=True``) leaves the group; for a local pool's
+workers (``init_worker(..., subreaper=True)``) those are covered too (issue 24,
+:mod:`rewards._proctree`): the worker is a child subreaper, so every process
+its rewards start stays below it, the host kills that whole tree just before
+trio-parallel kills the worker (:mod:`rewards._slots`), and the worker kills it
+itself when it exits (pool closed, retired, idle).  A worker left with
+:data:`MAX_ZOMBIE_CHILDREN` unreaped children is retired
+(:func:`retire_worker`, trio-parallel's ``retire`` hook).
 
 An exception raised by the reward function itself propagates unchanged;
 trio-parallel sends it back with its worker-side traceback (tblib).
@@ -56,7 +63,8 @@ import struct
 import time
 from typing import Any
 
-from ._board import HEADER, REGION_BYTES
+from . import _proctree
+from ._board import HEADER, REGION_BYTES, RETIRING
 
 __all__ = [
     "INVALID",
@@ -68,8 +76,10 @@ __all__ = [
     "TokenText",
     "as_reward",
     "describe_value",
+    "MAX_ZOMBIE_CHILDREN",
     "init_worker",
     "load_job",
+    "retire_worker",
     "run_batch",
     "run_job",
     "run_ticketed",
@@ -326,12 +336,55 @@ def run_ticketed(ticket: int, function: Any, *args: Any) -> Any:
     Raises:
         Exception: what ``function`` raises.
     """
-    global _REGION
-    _REGION = None if _BOARD is None else ticket * REGION_BYTES
+    global _REGION, _RETIRE
+    region = _REGION = None if _BOARD is None else ticket * REGION_BYTES
     try:
         return function(*args)
     finally:
         _REGION = None
+        if _SUBREAPER and _proctree.has_zombie_child() and _zombies_checked() and \
+                _proctree.zombie_children() >= MAX_ZOMBIE_CHILDREN:
+            _RETIRE = True  # retire_worker() says so next; the host learns it from the board
+            if region is not None:
+                flags_at = region + 12  # the header's flags field (rewards._board.HEADER)
+                struct.pack_into("<i", _BOARD, flags_at, RETIRING)
+
+
+#: A worker with this many exited children nobody reaped retires (they are processes its
+#: rewards started and left, adopted by the worker as a subreaper; see rewards._proctree).
+MAX_ZOMBIE_CHILDREN = 64
+#: This worker is a child subreaper (:func:`init_worker` with ``subreaper=True``).
+_SUBREAPER = False
+#: Set after a job that left this worker with too many zombies (:func:`retire_worker`).
+_RETIRE = False
+
+
+#: Seconds between two zombie counts (:func:`run_ticketed`, when there is a zombie): at most
+#: one /proc walk per second.
+_ZOMBIE_CHECK_S = 1.0
+_next_zombie_check = 0.0
+
+
+def _zombies_checked() -> bool:
+    """True when it is time to count zombies again (once per :data:`_ZOMBIE_CHECK_S`)."""
+    global _next_zombie_check
+    now = time.monotonic()
+    if now < _next_zombie_check:
+        return False
+    _next_zombie_check = now + _ZOMBIE_CHECK_S
+    return True
+
+
+def retire_worker() -> bool:
+    """trio-parallel's ``retire`` hook (called after every job): True once this worker
+    holds :data:`MAX_ZOMBIE_CHILDREN` unreaped children; it then exits, killing its
+    process tree, and a fresh worker replaces it."""
+    return _RETIRE
+
+
+def _kill_own_tree() -> None:
+    """At exit (a ``multiprocessing`` finalizer): kill every process below this worker."""
+    _proctree.kill_tree(os.getpid(), stop_root=False)
 
 
 def _attach_board(path: str) -> None:
@@ -350,15 +403,22 @@ def _attach_board(path: str) -> None:
 _GUARD_FD: int | None = None
 
 
-def init_worker(board: str | None = None) -> None:
+def init_worker(board: str | None = None, *, subreaper: bool = False) -> None:
     """trio-parallel's ``init`` hook: map the pool's job ``board`` (a file path,
     :mod:`rewards._board`; None: none), put this worker in its own session and
-    process group and start its guardian (see the module docstring).  The
-    session part is a no-op where ``os.setsid``/``os.fork`` do not exist, or if
-    the worker already leads a group (nothing of its own to kill then)."""
-    global _GUARD_FD
+    process group and start its guardian (see the module docstring); with
+    ``subreaper`` (a local pool's workers, not Ray actors), make it a child
+    subreaper that kills its process tree when it exits.  The session part is a
+    no-op where ``os.setsid``/``os.fork`` do not exist, or if the worker already
+    leads a group (nothing of its own to kill then)."""
+    global _GUARD_FD, _SUBREAPER
     if board is not None:
         _attach_board(board)
+    if subreaper and not _SUBREAPER and _proctree.become_subreaper():
+        _SUBREAPER = True
+        from multiprocessing import util
+
+        util.Finalize(None, _kill_own_tree, exitpriority=100)  # runs when the worker process exits
     if _GUARD_FD is not None or not hasattr(os, "setsid") or not hasattr(os, "fork"):
         return
     try:

@@ -92,6 +92,7 @@ class RewardPool:
         self._slots = slots
         self._counters = slots.counters
         self._attempts = Attempts(slots)
+        self._checked: dict[int, Any] = {}  # by check_reward_fn_once, by id (kept alive: ids stay unique)
 
     @property
     def max_workers(self) -> int:
@@ -220,7 +221,8 @@ class RewardPool:
         can be called as ``reward_fn(prompt, completions, prompt_ids,
         completion_ids, **data)`` (its signature binds those arguments); a sync
         function (or actor) can be pickled, and unpickled in a worker process of
-        this pool (its module is importable there).  An ``async def`` one runs
+        this pool (its module is importable there, or its file loads there:
+        :mod:`rewards._shipping`).  An ``async def`` one runs
         in-process and needs no worker.
 
         Raises:
@@ -238,6 +240,22 @@ class RewardPool:
             return
         job, _ = pickle_job(reward_fn, name, (), {})
         await self._attempts.load(job, name, timeout=max(self.options.timeout_seconds, 60.0))
+
+
+    async def check_reward_fn_once(self, reward_fn: Any) -> None:
+        """:meth:`check_reward_fn` without data, once per pool and function object (a
+        check that passed is not repeated).  The engine calls it for the reward
+        functions of a workflow in ``rollout_batch`` and ``prepare_batch`` before it
+        submits anything, so that a reward that cannot run in a worker is one error
+        before any episode (issue 24).
+
+        Raises:
+            RewardError: naming the function and what is wrong.
+            trio.ClosedResourceError: the pool is closed.
+        """
+        if self._checked.get(id(reward_fn)) is not reward_fn:
+            await self.check_reward_fn(reward_fn)
+            self._checked[id(reward_fn)] = reward_fn
 
 
 def current_reward_pool() -> RewardPool | None:

@@ -39,8 +39,13 @@ __all__ = ["become_subreaper", "descendants", "has_zombie_child", "kill_tree", "
 _PR_SET_CHILD_SUBREAPER = 36
 #: Walks of the tree while freezing it (each finds the children of newly stopped processes).
 _FREEZE_ROUNDS = 100
-#: Seconds to wait for a stopped process to show as stopped, at most, per kill.
-_FREEZE_WAIT_S = 0.5
+#: Seconds to wait for a stopped process to show as stopped, at most, per kill (a SIGSTOP
+#: takes effect before the process runs any more code of its own: this is only for one
+#: that was running on another CPU at that moment).
+_FREEZE_WAIT_S = 0.1
+#: States of a process that cannot fork any more (stopped, traced, dead) or that will
+#: stop before it returns to its own code (``D``: inside the kernel, the SIGSTOP pending).
+_FROZEN = (None, "T", "t", "Z", "X", "D")
 
 
 def become_subreaper() -> bool:
@@ -115,10 +120,10 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def kill_tree(root: int, *, stop_root: bool) -> int:
-    """Freeze and kill every process below ``root`` (``root`` itself is left alive;
-    with ``stop_root`` it is stopped first, so that it starts nothing meanwhile:
-    kill it after).  Returns how many processes were killed.  Never raises."""
+def kill_tree(root: int, *, stop_root: bool, spare: int | None = None) -> int:
+    """Freeze and kill every process below ``root`` but ``spare`` (``root`` itself is
+    left alive; with ``stop_root`` it is stopped first, so that it starts nothing
+    meanwhile: kill it after).  Returns how many processes were killed.  Never raises."""
     if not os.path.isdir("/proc/self/task"):  # no /proc: nothing to walk
         return 0
     if stop_root:
@@ -126,12 +131,12 @@ def kill_tree(root: int, *, stop_root: bool) -> int:
     stopped: dict[int, None] = {}
     deadline = time.monotonic() + _FREEZE_WAIT_S
     for _ in range(_FREEZE_ROUNDS):
-        found = descendants(root)
+        found = [pid for pid in descendants(root) if pid != spare]
         new = [pid for pid in found if pid not in stopped]
         for pid in new:
             _signal(pid, signal.SIGSTOP)
             stopped[pid] = None
-        if not new and all(_state(pid) in (None, "T", "t", "Z", "X") for pid in found):
+        if not new and all(_state(pid) in _FROZEN for pid in found):
             break  # frozen: nobody below root can fork any more
         if not new:
             if time.monotonic() > deadline:

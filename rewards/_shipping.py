@@ -178,7 +178,7 @@ def _verdict(name: str) -> ModuleFile | bool | None:
 def _module_names(fn: Any) -> list[str]:
     if isinstance(fn, functools.partial):
         fn = fn.func
-    names = []
+    names: list[Any] = []
     if inspect.ismethod(fn):
         names.append(type(fn.__self__).__module__)
         fn = fn.__func__

@@ -41,7 +41,11 @@ its rewards start stays below it, the host kills that whole tree just before
 trio-parallel kills the worker (:mod:`rewards._slots`), and the worker kills it
 itself when it exits (pool closed, retired, idle).  A worker left with
 :data:`MAX_ZOMBIE_CHILDREN` unreaped children is retired
-(:func:`retire_worker`, trio-parallel's ``retire`` hook).
+(:func:`retire_worker`, trio-parallel's ``retire`` hook).  When the engine
+process dies, the guardian of a subreaper worker kills the worker's whole tree
+too (the worker is still alive then, so nothing has been re-parented away); a
+worker that dies by itself (a crash, the OOM killer) takes only its process
+group with it.
 
 An exception raised by the reward function itself propagates unchanged;
 trio-parallel sends it back with its worker-side traceback (tblib).
@@ -287,7 +291,8 @@ def run_batch(jobs: list[bytes]) -> tuple[list[tuple[str, Any]], float]:
     if the worker is killed mid-batch, the parent still knows both.
     """
     results: list[tuple[str, Any]] = []
-    board, region = _BOARD, _REGION
+    board: Any = _BOARD  # (mapped whenever a region is set)
+    region = _REGION
     used, recorded = HEADER.size, 0
     if region is not None:
         HEADER.pack_into(board, region, 0, 0, used, 0, time.monotonic())  # call 0 is running
@@ -345,7 +350,7 @@ def run_ticketed(ticket: int, function: Any, *args: Any) -> Any:
         if _SUBREAPER and _proctree.has_zombie_child() and _zombies_checked() and \
                 _proctree.zombie_children() >= MAX_ZOMBIE_CHILDREN:
             _RETIRE = True  # retire_worker() says so next; the host learns it from the board
-            if region is not None:
+            if region is not None and _BOARD is not None:
                 flags_at = region + 12  # the header's flags field (rewards._board.HEADER)
                 struct.pack_into("<i", _BOARD, flags_at, RETIRING)
 
@@ -387,11 +392,16 @@ def _kill_own_tree() -> None:
     _proctree.kill_tree(os.getpid(), stop_root=False)
 
 
+#: The board's file, which the guardian deletes if the engine process dies (nobody else can then).
+_BOARD_PATH: str | None = None
+
+
 def _attach_board(path: str) -> None:
     """Map the pool's board file (read and write), once per process."""
-    global _BOARD
+    global _BOARD, _BOARD_PATH
     if _BOARD is not None:
         return
+    _BOARD_PATH = path
     fd = os.open(path, os.O_RDWR)
     try:
         _BOARD = mmap.mmap(fd, 0)
@@ -465,5 +475,14 @@ def _guard(read_end: int, engine_fd: int | None, group: int) -> None:
     os.close(devnull)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # only the worker's or the engine's end ends it
-    select.select(keep, [], [])  # EOF on the pipe (worker gone) or pidfd readable (engine gone)
+    ready, _, _ = select.select(keep, [], [])  # EOF on the pipe (worker gone) or pidfd readable (engine gone)
+    if engine_fd in ready:  # the engine died (the worker lives): its whole tree, also other sessions
+        if _SUBREAPER:
+            _proctree.kill_tree(group, stop_root=True, spare=os.getpid())
+        if _BOARD_PATH is not None:  # nobody else can delete the pool's board now
+            for path, remove in ((_BOARD_PATH, os.unlink), (os.path.dirname(_BOARD_PATH), os.rmdir)):
+                try:
+                    remove(path)
+                except OSError:  # gone already (another worker's guardian did it)
+                    pass
     os.killpg(group, signal.SIGKILL)

@@ -197,24 +197,34 @@ from rewards import open_reward_pool
 
 async def main():
     async with open_reward_pool(max_workers=1, timeout_seconds=600.0, max_retries=0) as pool:
-        await pool.score(fx.spawn_sleep, "p", "c", [1], [2], fifo={fifo!r}, hang=True)
+        print(pool._slots.board.path, flush=True)
+        await pool.score(fx.{fn}, "p", "c", [1], [2], fifo={fifo!r}, hang=True, **{kwargs!r})
 
 trio.run(main)
 """
 
 
-async def test_the_tree_dies_when_the_engine_process_is_killed(child):
+@starters
+async def test_the_tree_dies_when_the_engine_process_is_killed(child, starter):
     import subprocess
     from pathlib import Path
 
+    fn, kwargs = STARTERS[starter]
     paths = [str(Path(fx.__file__).parent), str(Path(__file__).resolve().parents[2])]
-    engine = subprocess.Popen([sys.executable, "-c", _ENGINE.format(paths=paths, fifo=child.fifo)])
+    script = _ENGINE.format(paths=paths, fifo=child.fifo, fn=fn.__name__, kwargs=kwargs)
+    engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         with trio.fail_after(120):  # a cold interpreter and a spawned worker on a busy machine
+            board = Path((await trio.to_thread.run_sync(engine.stdout.readline)).strip())
             await child.read()
-        assert child.alive()
+        assert child.alive() and board.exists()
         engine.kill()  # SIGKILL: no clean-up runs in the engine
         assert await child.ended(), f"sleep (pid {child.pid}) outlived the SIGKILLed engine process"
+        with trio.move_on_after(DEADLINE_S):  # the worker's guardian deletes the pool's board file
+            while board.parent.exists():
+                await trio.sleep(0.05)
+        assert not board.parent.exists(), f"{board} outlived the SIGKILLed engine process"
     finally:
         engine.kill()
         engine.wait()
+        engine.stdout.close()

@@ -20,7 +20,7 @@ from .datastream import DataStream
 from .errors import DataExhaustedError, DatasetError
 
 # ``engine`` parameters are a RolloutEngine, typed loosely: these modules sit below engine.executor
-__all__ = ["PATIENCE_S", "accepted_trajectories", "prepare_batch", "rollout_batch", "why_waiting"]
+__all__ = ["PATIENCE_S", "accepted_trajectories", "check_rewards", "prepare_batch", "rollout_batch", "why_waiting"]
 
 logger = logging.getLogger("rollout.engine.executor")  # the engine's log lines, wherever they come from
 
@@ -46,6 +46,7 @@ async def rollout_batch(engine: Any, items: Iterable[Any], workflow: Any,
     if engine._breaker.open and engine._breaker.reported:
         engine._breaker.reset(watermark=engine._next_id)
     wf = engine._resolve(workflow, workflow_kwargs)
+    await check_rewards(engine, wf)
     ids = [engine.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
     trips = engine._breaker.trips
     pos = 0
@@ -75,6 +76,7 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
     if engine._closed:
         raise trio.ClosedResourceError("the rollout engine is closed")
     B = engine.config.consumer_batch_size
+    await check_rewards(engine, engine._resolve(workflow, workflow_kwargs))
     if engine._breaker.open and engine._breaker.reported:  # called again after the error: submit again
         engine._breaker.reset(watermark=engine._next_id)  # what is still in flight ran the old cause
     feeder = engine._feeder_for(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
@@ -118,6 +120,27 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
     engine._take(taken)
     engine._refill()  # top the pipeline back up at once: the next batch generates while the trainer trains
     return concat_padded_tensors(accepted_trajectories(taken))
+
+
+async def check_rewards(engine: Any, workflow: Any) -> None:
+    """Check the reward functions ``workflow`` holds (its ``reward_fn``, and that of each
+    :class:`~rewards.AsyncRewardWrapper` among its attributes) in a real reward worker,
+    once per pool, before its first episode (:meth:`rewards.RewardPool.check_reward_fn_once`;
+    a duck-typed pool without it is not checked).
+
+    Raises:
+        RewardError: a reward function cannot be pickled or loaded in a worker (named).
+    """
+    check = getattr(engine.reward_pool, "check_reward_fn_once", None)
+    if check is None:
+        return
+    from rewards import AsyncRewardWrapper
+
+    found = [getattr(workflow, "reward_fn", None)]
+    found += [v.reward_fn for v in getattr(workflow, "__dict__", {}).values() if isinstance(v, AsyncRewardWrapper)]
+    for fn in found:
+        if callable(fn):
+            await check(fn)
 
 
 def why_waiting(engine: Any) -> str:

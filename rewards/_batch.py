@@ -23,17 +23,24 @@ the reward's cost, with no fixed wait:
   worker sets the estimate to its timeout: calls run alone again until fast
   calls bring it down.
 
-Policy, so that batching never changes a call's result:
+Policy, so that batching never changes a call's result nor how often a call runs:
 
-* A batch runs under the smallest ``timeout_seconds`` of its calls and is
-  killed when it runs past it.  A batch that times out or whose worker dies
-  fails *as a batch*: none of its calls counts an attempt, and each of them is
-  re-run on its own with the normal policy (timeout, kill, retries, fallback).
-  A call that was alone in its job (the usual case at low load, and for slow
-  rewards) fails by itself: that is its attempt, exactly as without batching.
-  So a hung or crashing call costs its batch-mates one extra timeout (or one
-  re-run), never their reward.  Keep batching for cheap rewards that finish far
-  below the timeout.
+* A batch holds calls of one ``timeout_seconds`` (a call with another one waits
+  for the next batch).  The worker records on the pool's job board
+  (:mod:`rewards._board`) which call is running, since when, and each result as
+  it comes; the batch is killed once the call running in it has run
+  ``timeout_seconds`` (the calls before it do not eat into its time).  So a batch
+  that times out or whose worker dies is sorted
+  call by call (issue 24): the call that was running then has failed *its*
+  attempt (a timeout, or a dead worker), exactly as alone, and the policy retries
+  it alone (so a hung call runs ``max_retries + 1`` times in all, AReaL's
+  ``range(max_retries + 1)``); the calls that finished before it keep their
+  results; the calls not started yet are re-run on their own, not charged an
+  attempt.  So a hung or crashing call costs its batch-mates at most one wait,
+  never their reward nor a run.  Without a board (Ray actors) the progress is not
+  known: every call of a failed batch is re-run on its own, uncharged, and a call
+  that was alone in its job has failed its attempt.  Keep batching for cheap
+  rewards that finish far below the timeout.
 * An exception raised by one call is returned for that call only (it counts as
   that call's first attempt and is retried on its own).
 * Actor calls whose actor is not set up in the worker come back "not set up"
@@ -53,9 +60,10 @@ from typing import Any
 
 import trio
 
-from . import _worker
+import trio_parallel
+
 from ._options import DEFAULT_BATCH_SIZE
-from ._slots import WorkerSlots
+from ._slots import BatchInterrupted, JobTimeout, WorkerSlots
 
 __all__ = ["BATCH_WORK_S", "DEFAULT_BATCH_SIZE", "BatchFailed", "BatchItem", "Batcher"]
 
@@ -65,7 +73,8 @@ _EWMA_WEIGHT = 0.2  # weight of the newest batch in the call-time estimate
 
 
 class BatchFailed(Exception):
-    """The batch holding a call timed out or lost its worker; re-run the call."""
+    """The batch holding a call ended before the call ran (or without its result):
+    re-run the call alone, not counting an attempt."""
 
 
 class _Running:
@@ -103,7 +112,7 @@ class BatchItem:
         self.task = task  # the caller, while it waits
         self.result: tuple[str, Any] | None = None
         self.failed = False
-        self.error: Exception | None = None  # a batch of one failed: the call's own failure
+        self.error: Exception | None = None  # the call's own failure: it was running when its batch failed
         self.abandoned = False
         self.running: _Running | None = None  # the batch it is in, once sent
 
@@ -134,9 +143,10 @@ class BatchItem:
         """The call's tagged result (see :mod:`rewards._worker`), once woken.
 
         Raises:
-            BatchFailed: the batch timed out or its worker died (re-run the call alone).
-            Exception: the call ran alone and its job failed (the pool's timeout or
-                ``BrokenWorkerError``): this attempt's own failure, as without batching.
+            BatchFailed: the batch failed before this call ran (re-run it alone, uncharged).
+            Exception: the call was running when its batch failed (the pool's
+                ``JobTimeout`` or ``BrokenWorkerError``): this attempt's own failure,
+                as without batching.
         """
         if self.error is not None:
             raise self.error
@@ -176,6 +186,7 @@ class Batcher:
         self._work_s = work_s
         self.call_s: float | None = None  # mean seconds per call (EWMA); None: not measured yet
         self._send, self._receive = trio.open_memory_channel[BatchItem](math.inf)
+        self._held: BatchItem | None = None  # taken from the queue for the next batch (another timeout)
 
     def cap(self) -> int:
         """The most calls the next batch may carry: ``work_s / call_s`` within
@@ -212,9 +223,9 @@ class Batcher:
         """Run one job in a batch; its tagged result (see :mod:`rewards._worker`).
 
         Raises:
-            BatchFailed: the batch timed out or its worker died (re-run the call alone).
-            Exception: the call ran alone and its job failed (the pool's timeout or
-                ``BrokenWorkerError``): this attempt's own failure, as without batching.
+            BatchFailed: the batch failed before this call ran (re-run it alone, uncharged).
+            Exception: the call was running when its batch failed (the pool's
+                ``JobTimeout`` or ``BrokenWorkerError``): this attempt's own failure.
         """
         item = self.submit(job, timeout)
         try:
@@ -225,10 +236,22 @@ class Batcher:
         return item.outcome()
 
     async def _next_live(self) -> BatchItem:
+        held, self._held = self._held, None
+        if held is not None and not held.abandoned:
+            return held
         while True:
             item = await self._receive.receive()
             if not item.abandoned:
                 return item
+
+    def _joins(self, batch: list[BatchItem], item: BatchItem) -> bool:
+        """Add ``item`` to ``batch`` if it has the batch's timeout, else hold it for
+        the next batch; False when the batch is complete."""
+        if item.timeout != batch[0].timeout:
+            self._held = item
+            return False
+        batch.append(item)
+        return True
 
     async def loop(self) -> None:
         """Form batches until cancelled (by the pool's exit)."""
@@ -244,17 +267,18 @@ class Batcher:
             waiting = 1 + self._receive.statistics().current_buffer_used
             size = min(self.cap(), -(-waiting // (limiter.available_tokens + 1)))
             batch = [first]
-            while len(batch) < size:
+            joining = True
+            while joining and len(batch) < size:
                 try:
                     item = self._receive.receive_nowait()
                 except trio.WouldBlock:
                     break
                 if not item.abandoned:
-                    batch.append(item)
-            if len(batch) < size and self._max_delay_s > 0:
+                    joining = self._joins(batch, item)
+            if joining and len(batch) < size and self._max_delay_s > 0:
                 with trio.move_on_after(self._max_delay_s):
-                    while len(batch) < size:
-                        batch.append(await self._next_live())
+                    while joining and len(batch) < size:
+                        joining = self._joins(batch, await self._next_live())
             if limiter.total_tokens == 1:  # one worker: no other batch can run meanwhile, so run it
                 await self._run_batch(batch, borrower)  # here (one pass of the run queue less per call)
             else:
@@ -272,24 +296,17 @@ class Batcher:
                 item.running = running
             try:
                 with running.scope:  # cancelled when every caller has given up: the worker is killed
-                    results, work_s = await slots.run_job(
-                        _worker.run_batch, [item.job for item in live], timeout=timeout
-                    )
+                    results, work_s = await slots.run_batch([item.job for item in live], timeout, self._nursery)
                 if running.scope.cancelled_caught:
                     return  # nobody is waiting for these results
-            except Exception as exc:
+            except BatchInterrupted as failure:
                 # JobTimeout (worker killed), BrokenWorkerError, or a result that
                 # could not be sent back.  Calls run alone until fast ones bring
-                # the estimate down.  A call that ran alone failed by itself: that
-                # is its attempt's outcome (a second run alone would only repeat
-                # it); the calls of a real batch are each re-run on their own.
+                # the estimate down.
                 self.call_s = max(self.call_s or 0.0, timeout if math.isfinite(timeout) else self._work_s)
-                if len(live) == 1:
-                    live[0].error = exc
-                else:
+                if len(live) > 1:
                     slots.counters.batch_failures += 1
-                for item in live:
-                    item.failed = True
+                _sort_out(live, failure)
             else:
                 slots.counters.batches += 1
                 slots.counters.batched_calls += len(live)
@@ -302,3 +319,25 @@ class Batcher:
                 if item.result is None:
                     item.failed = True
                 item.finish()
+
+
+def _sort_out(live: list[BatchItem], failure: BatchInterrupted) -> None:
+    """Give each call of a failed batch its share (see the module docstring): the
+    results recorded before the failure, the failure itself to the call that was
+    running, a re-run (:class:`BatchFailed`, set by the caller) to the others."""
+    exc, progress = failure.cause, failure.progress
+    killed = isinstance(exc, (JobTimeout, trio_parallel.BrokenWorkerError))
+    if progress is None:  # no board: a call alone failed by itself; those of a batch are re-run
+        if len(live) == 1:
+            live[0].error = exc
+        for item in live:
+            item.failed = True
+        return
+    done = progress.results
+    for i, item in enumerate(live):
+        if i < len(done):
+            item.result = done[i]
+        elif i == progress.started and killed:
+            item.error = exc
+        else:
+            item.failed = True

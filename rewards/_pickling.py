@@ -5,7 +5,8 @@
   chooses.
 * :func:`pickle_job`: one call's ``(reward_fn, args, data)`` pickled once per
   call (not per attempt); a :class:`~rewards.RewardActor` travels as an
-  :class:`~rewards._worker.ActorRef`.
+  :class:`~rewards._worker.ActorRef`; a function from a module a worker cannot
+  import (loaded by path) travels with that module's file (:mod:`rewards._shipping`).
 * :func:`reward_data`: a call's keyword data, without the reward's positional names.
 * :func:`check_signature` (``RewardPool.check_reward_fn``) and
   :func:`check_picklable` (:class:`~rewards.AsyncRewardWrapper`): start-up checks.
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 import types
 from typing import Any
 
@@ -24,6 +26,7 @@ from engine.errors import RewardError
 
 from . import _worker
 from ._actor import RewardActor
+from ._shipping import Shipped, modules_to_ship
 
 __all__ = ["check_picklable", "check_signature", "describe_fn", "dumps", "is_async", "pickle_job", "reward_data"]
 
@@ -90,10 +93,14 @@ def pickle_job(fn: Any, name: str, args: tuple, data: dict) -> tuple[bytes, floa
     """
     setup_timeout = None
     try:
+        files, by_value = modules_to_ship(fn)  # its module cannot be imported in a worker (rewards._shipping)
+        pickler = _by_value_dumps if by_value else dumps
         if isinstance(fn, RewardActor):
             setup_timeout = float(fn.setup_timeout_seconds)
-            fn = _worker.ActorRef(fn.actor_key, dumps(fn))
-        return dumps((fn, args, data)), setup_timeout
+            fn = _worker.ActorRef(fn.actor_key, pickler(fn))
+        if files:
+            fn = Shipped(files, fn)
+        return pickler((fn, args, data)), setup_timeout
     except Exception as exc:
         try:
             dumps(fn)
@@ -104,6 +111,13 @@ def pickle_job(fn: Any, name: str, args: tuple, data: dict) -> tuple[bytes, floa
         raise RewardError(
             f"{what} cannot be pickled for a worker process: {type(exc).__name__}: {exc} ({_HOW_TO_FIX})"
         ) from exc
+
+
+def _by_value_dumps(obj: Any) -> bytes:
+    """cloudpickle, for a job naming a module registered by value (:mod:`rewards._shipping`)."""
+    import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def check_picklable(fn: Any) -> None:

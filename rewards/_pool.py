@@ -14,7 +14,8 @@ The pool is assembled from parts, each in its own module:
 Where we differ from AReaL (**ours**):
 
 * A timeout or a cancellation *kills* the worker process and every process the
-  reward started (:func:`rewards._worker.init_worker`); AReaL only stops
+  reward started, also those in a session of their own (:func:`rewards._worker.init_worker`,
+  :mod:`rewards._proctree`); so does closing the pool or retiring a worker; AReaL only stops
   waiting, so one hung verifier holds a worker for the rest of the run (AReaL PR
   #1426, verl #6673).  Other calls keep flowing while one hangs.
 * A worker that dies (``os._exit``, segfault, OOM kill) affects only the call it
@@ -39,6 +40,7 @@ that :class:`~rewards.AsyncRewardWrapper` finds the engine's pool.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -52,6 +54,7 @@ from engine.errors import RewardError
 from . import _worker
 from ._attempts import Attempts, check_result
 from ._batch import Batcher, BatchFailed
+from ._board import JobBoard
 from ._context import pool_in_context, record_outcome, using_pool
 from ._options import RewardPoolOptions
 from ._pickling import check_signature, describe_fn, is_async, pickle_job, reward_data
@@ -89,6 +92,7 @@ class RewardPool:
         self._slots = slots
         self._counters = slots.counters
         self._attempts = Attempts(slots)
+        self._checked: dict[int, Any] = {}  # by check_reward_fn_once, by id (kept alive: ids stay unique)
 
     @property
     def max_workers(self) -> int:
@@ -217,7 +221,8 @@ class RewardPool:
         can be called as ``reward_fn(prompt, completions, prompt_ids,
         completion_ids, **data)`` (its signature binds those arguments); a sync
         function (or actor) can be pickled, and unpickled in a worker process of
-        this pool (its module is importable there).  An ``async def`` one runs
+        this pool (its module is importable there, or its file loads there:
+        :mod:`rewards._shipping`).  An ``async def`` one runs
         in-process and needs no worker.
 
         Raises:
@@ -235,6 +240,22 @@ class RewardPool:
             return
         job, _ = pickle_job(reward_fn, name, (), {})
         await self._attempts.load(job, name, timeout=max(self.options.timeout_seconds, 60.0))
+
+
+    async def check_reward_fn_once(self, reward_fn: Any) -> None:
+        """:meth:`check_reward_fn` without data, once per pool and function object (a
+        check that passed is not repeated).  The engine calls it for the reward
+        functions of a workflow in ``rollout_batch`` and ``prepare_batch`` before it
+        submits anything, so that a reward that cannot run in a worker is one error
+        before any episode (issue 24).
+
+        Raises:
+            RewardError: naming the function and what is wrong.
+            trio.ClosedResourceError: the pool is closed.
+        """
+        if self._checked.get(id(reward_fn)) is not reward_fn:
+            await self.check_reward_fn(reward_fn)
+            self._checked[id(reward_fn)] = reward_fn
 
 
 def current_reward_pool() -> RewardPool | None:
@@ -268,12 +289,18 @@ async def open_reward_pool(options: RewardPoolOptions | None = None, /, **overri
     """
     options = (options or RewardPoolOptions()).with_changes("open_reward_pool", **overrides).resolved()
     assert options.max_workers is not None
-    async with trio_parallel.open_worker_context(
-        worker_type=trio_parallel.WorkerType(options.worker_type), init=_worker.init_worker
-    ) as context:
-        slots = WorkerSlots(context, options.max_workers, Counters())
-        async with serving(RewardPool(options, slots, options.worker_type)) as pool:
-            yield pool
+    board = JobBoard(options.max_workers)  # each running job's progress (rewards._board)
+    try:
+        async with trio_parallel.open_worker_context(
+            worker_type=trio_parallel.WorkerType(options.worker_type),
+            init=functools.partial(_worker.init_worker, board.path, subreaper=True),
+            retire=_worker.retire_worker,
+        ) as context:
+            slots = WorkerSlots(context, options.max_workers, Counters(), board)
+            async with serving(RewardPool(options, slots, options.worker_type)) as pool:
+                yield pool
+    finally:
+        board.close()  # the workers have exited
 
 
 _Pool = TypeVar("_Pool", bound=RewardPool)

@@ -63,8 +63,9 @@ class RewardPoolStatistics:
             call alone at low load is a batch of one).
         batched_calls: calls those jobs carried (``batched_calls / batches`` is
             the mean batch size).
-        batch_failures: micro-batches that timed out or whose worker died (their
-            calls were re-run one by one).
+        batch_failures: micro-batches of several calls that timed out or whose
+            worker died (the call running then failed its attempt, those before it
+            kept their results, those after it were re-run one by one, uncharged).
         latency_p50_s, latency_p99_s: latency percentiles in seconds over the
             last 4096 successful calls; None before the first success.  A call's
             latency is from the call to its result, so the first calls of a pool

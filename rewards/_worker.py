@@ -34,7 +34,18 @@ writer is the worker and, on Linux, on a pidfd of the engine process; when the
 worker dies (killed on timeout or cancellation, crashed, or exited because the
 pool closed) or the engine process dies (even by SIGKILL), the guardian kills
 the whole group with SIGKILL, itself included.  A child that starts its own
-session (``start_new_session=True``) leaves the group and is not covered.
+session (``start_new_session=True``) leaves the group; for a local pool's
+workers (``init_worker(..., subreaper=True)``) those are covered too (issue 24,
+:mod:`rewards._proctree`): the worker is a child subreaper, so every process
+its rewards start stays below it, the host kills that whole tree just before
+trio-parallel kills the worker (:mod:`rewards._slots`), and the worker kills it
+itself when it exits (pool closed, retired, idle).  A worker left with
+:data:`MAX_ZOMBIE_CHILDREN` unreaped children is retired
+(:func:`retire_worker`, trio-parallel's ``retire`` hook).  When the engine
+process dies, the guardian of a subreaper worker kills the worker's whole tree
+too (the worker is still alive then, so nothing has been re-parented away); a
+worker that dies by itself (a crash, the OOM killer) takes only its process
+group with it.
 
 An exception raised by the reward function itself propagates unchanged;
 trio-parallel sends it back with its worker-side traceback (tblib).
@@ -46,13 +57,18 @@ from __future__ import annotations
 
 import inspect
 import math
+import mmap
 import numbers
 import os
 import pickle
 import select
 import signal
+import struct
 import time
 from typing import Any
+
+from . import _proctree
+from ._board import HEADER, REGION_BYTES, RETIRING
 
 __all__ = [
     "INVALID",
@@ -64,10 +80,13 @@ __all__ = [
     "TokenText",
     "as_reward",
     "describe_value",
+    "MAX_ZOMBIE_CHILDREN",
     "init_worker",
     "load_job",
+    "retire_worker",
     "run_batch",
     "run_job",
+    "run_ticketed",
 ]
 
 OK = "ok"
@@ -266,27 +285,150 @@ def run_batch(jobs: list[bytes]) -> tuple[list[tuple[str, Any]], float]:
     Actors are not set up here (``NOT_SET_UP``: the parent sends that job on its
     own, under the setup timeout).  A reward's exception becomes
     ``(RAISED, exception)`` instead of failing the batch.
+
+    Run as the job of a ticket (:func:`run_ticketed`), it records on the pool's
+    board which call is running and each result as it comes (:mod:`rewards._board`):
+    if the worker is killed mid-batch, the parent still knows both.
     """
     results: list[tuple[str, Any]] = []
+    board: Any = _BOARD  # (mapped whenever a region is set)
+    region = _REGION
+    used, recorded = HEADER.size, 0
+    if region is not None:
+        HEADER.pack_into(board, region, 0, 0, used, 0, time.monotonic())  # call 0 is running
     start = time.perf_counter()
-    for job in jobs:
+    for i, job in enumerate(jobs):
         try:
-            results.append(run_job(job, allow_setup=False))
+            result = run_job(job, allow_setup=False)
         except Exception as exc:
-            results.append((RAISED, _portable(exc)))
+            result = (RAISED, _portable(exc))
+        results.append(result)
+        if region is not None:
+            if recorded == i:  # every earlier result is recorded: record this one too
+                size = _record(board, region + used, REGION_BYTES - used, result)
+                if size:
+                    used += size
+                    recorded += 1
+            HEADER.pack_into(board, region, i + 1, recorded, used, 0, time.monotonic())  # record, then header
     return results, time.perf_counter() - start
+
+
+def _record(board: Any, offset: int, room: int, result: tuple[str, Any]) -> int:
+    """Write ``result`` at ``offset`` (length-prefixed pickle); its size, or 0 if it
+    does not pickle or fit in ``room`` bytes."""
+    try:
+        data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return 0
+    size = 4 + len(data)
+    if size > room:
+        return 0
+    board[offset:offset + size] = struct.pack("<i", len(data)) + data
+    return size
+
+
+#: The pool's job board (:mod:`rewards._board`), mapped at :func:`init_worker`; None
+#: without one (a Ray actor, a worker of another context).
+_BOARD: mmap.mmap | None = None
+#: The offset of the running job's region on the board (:func:`run_ticketed`), or None.
+_REGION: int | None = None
+
+
+def run_ticketed(ticket: int, function: Any, *args: Any) -> Any:
+    """``function(*args)`` as the job that holds ``ticket`` on the pool's board
+    (:mod:`rewards._board`; what :func:`run_batch` records goes to its region).
+
+    Raises:
+        Exception: what ``function`` raises.
+    """
+    global _REGION, _RETIRE
+    region = _REGION = None if _BOARD is None else ticket * REGION_BYTES
+    try:
+        return function(*args)
+    finally:
+        _REGION = None
+        if _SUBREAPER and _proctree.has_zombie_child() and _zombies_checked() and \
+                _proctree.zombie_children() >= MAX_ZOMBIE_CHILDREN:
+            _RETIRE = True  # retire_worker() says so next; the host learns it from the board
+            if region is not None and _BOARD is not None:
+                flags_at = region + 12  # the header's flags field (rewards._board.HEADER)
+                struct.pack_into("<i", _BOARD, flags_at, RETIRING)
+
+
+#: A worker with this many exited children nobody reaped retires (they are processes its
+#: rewards started and left, adopted by the worker as a subreaper; see rewards._proctree).
+MAX_ZOMBIE_CHILDREN = 64
+#: This worker is a child subreaper (:func:`init_worker` with ``subreaper=True``).
+_SUBREAPER = False
+#: Set after a job that left this worker with too many zombies (:func:`retire_worker`).
+_RETIRE = False
+
+
+#: Seconds between two zombie counts (:func:`run_ticketed`, when there is a zombie): at most
+#: one /proc walk per second.
+_ZOMBIE_CHECK_S = 1.0
+_next_zombie_check = 0.0
+
+
+def _zombies_checked() -> bool:
+    """True when it is time to count zombies again (once per :data:`_ZOMBIE_CHECK_S`)."""
+    global _next_zombie_check
+    now = time.monotonic()
+    if now < _next_zombie_check:
+        return False
+    _next_zombie_check = now + _ZOMBIE_CHECK_S
+    return True
+
+
+def retire_worker() -> bool:
+    """trio-parallel's ``retire`` hook (called after every job): True once this worker
+    holds :data:`MAX_ZOMBIE_CHILDREN` unreaped children; it then exits, killing its
+    process tree, and a fresh worker replaces it."""
+    return _RETIRE
+
+
+def _kill_own_tree() -> None:
+    """At exit (a ``multiprocessing`` finalizer): kill every process below this worker."""
+    _proctree.kill_tree(os.getpid(), stop_root=False)
+
+
+#: The board's file, which the guardian deletes if the engine process dies (nobody else can then).
+_BOARD_PATH: str | None = None
+
+
+def _attach_board(path: str) -> None:
+    """Map the pool's board file (read and write), once per process."""
+    global _BOARD, _BOARD_PATH
+    if _BOARD is not None:
+        return
+    _BOARD_PATH = path
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _BOARD = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
 
 
 #: The write end of the guardian's pipe: open for as long as this worker lives.
 _GUARD_FD: int | None = None
 
 
-def init_worker() -> None:
-    """trio-parallel's ``init`` hook: put this worker in its own session and
-    process group and start its guardian (see the module docstring).  A no-op
-    where ``os.setsid``/``os.fork`` do not exist, or if the worker already leads
-    a group (nothing of its own to kill then)."""
-    global _GUARD_FD
+def init_worker(board: str | None = None, *, subreaper: bool = False) -> None:
+    """trio-parallel's ``init`` hook: map the pool's job ``board`` (a file path,
+    :mod:`rewards._board`; None: none), put this worker in its own session and
+    process group and start its guardian (see the module docstring); with
+    ``subreaper`` (a local pool's workers, not Ray actors), make it a child
+    subreaper that kills its process tree when it exits.  The session part is a
+    no-op where ``os.setsid``/``os.fork`` do not exist, or if the worker already
+    leads a group (nothing of its own to kill then)."""
+    global _GUARD_FD, _SUBREAPER
+    if board is not None:
+        _attach_board(board)
+    if subreaper and not _SUBREAPER and _proctree.become_subreaper():
+        _SUBREAPER = True
+        from multiprocessing import util
+
+        util.Finalize(None, _kill_own_tree, exitpriority=100)  # runs when the worker process exits
     if _GUARD_FD is not None or not hasattr(os, "setsid") or not hasattr(os, "fork"):
         return
     try:
@@ -333,5 +475,14 @@ def _guard(read_end: int, engine_fd: int | None, group: int) -> None:
     os.close(devnull)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # only the worker's or the engine's end ends it
-    select.select(keep, [], [])  # EOF on the pipe (worker gone) or pidfd readable (engine gone)
+    ready, _, _ = select.select(keep, [], [])  # EOF on the pipe (worker gone) or pidfd readable (engine gone)
+    if engine_fd in ready:  # the engine died (the worker lives): its whole tree, also other sessions
+        if _SUBREAPER:
+            _proctree.kill_tree(group, stop_root=True, spare=os.getpid())
+        if _BOARD_PATH is not None:  # nobody else can delete the pool's board now
+            for path, remove in ((_BOARD_PATH, os.unlink), (os.path.dirname(_BOARD_PATH), os.rmdir)):
+                try:
+                    remove(path)
+                except OSError:  # gone already (another worker's guardian did it)
+                    pass
     os.killpg(group, signal.SIGKILL)

@@ -164,13 +164,15 @@ async def test_transient_reward_errors_are_still_retried():
 # -- reward functions checked at start-up -------------------------------------------------------
 
 
-def _ghost_module_reward(tmp_path):
-    """A module-level function of a module that a spawned worker cannot import."""
+def _ghost_module_reward(tmp_path, name: str, imports: str = ""):
+    """A module-level function of a module loaded by path (a spawned worker cannot import it
+    by name: it travels by file path); ``imports`` heads its source."""
     import importlib.util
 
-    source = tmp_path / "ghost_rewards.py"
-    source.write_text("def reward(prompt, completions, prompt_ids, completion_ids, **data):\n    return 1.0\n")
-    spec = importlib.util.spec_from_file_location("ghost_rewards_not_on_path", source)
+    source = tmp_path / f"{name}.py"
+    source.write_text(imports + "def reward(prompt, completions, prompt_ids, completion_ids, **data):\n"
+                      "    return 1.0\n")
+    spec = importlib.util.spec_from_file_location(name, source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[spec.name] = module
@@ -179,7 +181,11 @@ def _ghost_module_reward(tmp_path):
 
 @pytest.mark.slow
 async def test_reward_functions_are_checked_at_start_up(tmp_path):
-    ghost = _ghost_module_reward(tmp_path)
+    import types
+
+    by_path = _ghost_module_reward(tmp_path, "ghost_rewards_not_on_path")
+    sys.modules["ghost_helper_of_this_process"] = types.ModuleType("ghost_helper_of_this_process")
+    ghost = _ghost_module_reward(tmp_path, "ghost_rewards_needing_a_helper", "import ghost_helper_of_this_process\n")
     try:
         async with open_reward_pool(max_workers=1, timeout_seconds=30.0) as pool:
             await pool.check_reward_fn(gsm8k_reward, {"question": "q", "answer": "#### 1", "messages": []})
@@ -191,12 +197,15 @@ async def test_reward_functions_are_checked_at_start_up(tmp_path):
                 await pool.check_reward_fn(gsm8k_reward, {"question": "q", "messages": []})
             with pytest.raises(RewardError, match="wrong_signature.*cannot be called"):
                 await pool.check_reward_fn(fx.wrong_signature, {})
-            with pytest.raises(RewardError, match="could not be unpickled in the worker.*ghost_rewards_not_on_path"):
+            await pool.check_reward_fn(by_path)  # its file is loaded in the worker (issue 24)
+            with pytest.raises(RewardError, match="ghost_rewards_needing_a_helper.reward or its arguments could not be unpickled "
+                                                  "in the worker.*ghost_helper_of_this_process"):
                 await pool.check_reward_fn(ghost)
             stats = pool.statistics()
         assert stats.calls == 0  # checks are not calls
     finally:
-        sys.modules.pop("ghost_rewards_not_on_path", None)
+        for name in ("ghost_rewards_not_on_path", "ghost_rewards_needing_a_helper", "ghost_helper_of_this_process"):
+            sys.modules.pop(name, None)
 
 
 # -- a run with nothing accepted ----------------------------------------------------------------

@@ -17,6 +17,8 @@ import trio
 from engine import EngineConfig
 from rewards import open_reward_pool
 from rewards._batch import BATCH_WORK_S, DEFAULT_BATCH_SIZE, Batcher, BatchFailed
+from rewards._board import Progress
+from rewards._slots import BatchInterrupted, JobTimeout
 from rewards._stats import Counters
 from rewards._worker import OK
 
@@ -24,7 +26,7 @@ import reward_fixtures as fx
 
 
 class _FakePool:
-    """What the batcher uses of a pool's WorkerSlots: ``limiter``, ``run_job``, ``counters``."""
+    """What the batcher uses of a pool's WorkerSlots: ``limiter``, ``run_batch``, ``counters``."""
 
     def __init__(self, workers: int, cost_s: float, fail_when: float | None = None) -> None:
         self.limiter = trio.CapacityLimiter(workers)
@@ -34,12 +36,14 @@ class _FakePool:
         self.jobs: list[tuple[float, list[int]]] = []  # (start time, values)
         self.killed: list[float] = []  # when a running job was cancelled (its worker killed)
 
-    async def run_job(self, function, jobs, *, timeout):
+    async def run_batch(self, jobs, timeout, nursery):
         values = [int(job) for job in jobs]
         self.jobs.append((trio.current_time(), values))
-        if self.fail_when in values:
+        if self.fail_when in values:  # the calls before it finished (recorded); it hangs
+            hung = values.index(self.fail_when)
             await trio.sleep(timeout)
-            raise TimeoutError  # stands for the slots' JobTimeout (the worker killed)
+            done = tuple((OK, float(v)) for v in values[:hung])
+            raise BatchInterrupted(JobTimeout(), Progress(hung, done, False))  # the worker killed
         work = self.cost_s * len(values)
         try:
             await trio.sleep(work)
@@ -55,7 +59,7 @@ async def _calls(batcher: Batcher, values, results: dict) -> None:
             results[v] = await batcher.run(str(v).encode(), 10.0)
         except BatchFailed:
             results[v] = "failed"  # re-run alone by the pool
-        except TimeoutError:
+        except JobTimeout:
             results[v] = "its own timeout"  # the attempt's outcome, as without batching
 
     async with trio.open_nursery() as nursery:
@@ -147,7 +151,13 @@ async def test_a_failed_batch_makes_calls_run_alone_until_fast_ones_bring_the_es
             await _calls(batcher, [12], results)
 
     await _with_batcher(pool, body)
-    assert all(results[v] == "failed" for v in range(1, 11))  # the pool re-runs each on its own
+    batch = pool.jobs[1][1]
+    hung = batch.index(7)
+    assert sorted(batch) == list(range(1, 11))
+    assert all(results[v] == (OK, float(v)) for v in batch[:hung])  # finished before it: kept
+    assert results[7] == "its own timeout"  # running when the batch was killed: its attempt failed
+    assert all(results[v] == "failed" for v in batch[hung + 1:])  # not started: re-run alone, uncharged
+    assert pool.counters.batch_failures == 1
     assert results[11] == (OK, 11.0)
     alone = [values for _, values in pool.jobs[2:]]
     assert alone and all(len(v) == 1 for v in alone)
@@ -190,6 +200,26 @@ async def test_cancelling_the_last_caller_kills_its_job_and_no_other(autojump_cl
     assert [sorted(values) for _, values in pool.jobs] == [[1], [2, 3]]
     assert pool.killed == [1.0]  # the shared job ran on for the caller still waiting
     assert results == {3: (OK, 3.0)} and trio.current_time() == pytest.approx(201.0)
+
+
+async def test_calls_of_another_timeout_wait_for_the_next_batch(autojump_clock):
+    pool = _FakePool(workers=1, cost_s=0.0001)
+    results: dict = {}
+
+    async def body(batcher):
+        await _calls(batcher, [0], results)  # measured: cheap
+        async with trio.open_nursery() as nursery:
+            for v, timeout in ((1, 10.0), (2, 10.0), (3, 5.0), (4, 10.0), (5, 5.0)):
+                nursery.start_soon(_call_with_timeout, batcher, v, timeout, results)
+
+    await _with_batcher(pool, body)
+    assert sorted(results) == [0, 1, 2, 3, 4, 5]
+    for _, values in pool.jobs[1:]:  # a batch is killed at its calls' one timeout, never at a shorter one
+        assert len({5.0 if v in (3, 5) else 10.0 for v in values}) == 1, pool.jobs
+
+
+async def _call_with_timeout(batcher: Batcher, v: int, timeout: float, results: dict) -> None:
+    results[v] = await batcher.run(str(v).encode(), timeout)
 
 
 def test_the_cap_follows_the_measured_call_time():

@@ -39,6 +39,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 __all__ = [
     "CancelOnDisconnect",
@@ -249,8 +250,7 @@ class RequireApiKey:
         given = hashlib.sha256(token.strip().encode("latin-1")).digest()
         return hmac.compare_digest(given, self._digest) and scheme.lower() == "bearer"
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and not self.authorized(scope.get("headers") or []):
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})

@@ -37,6 +37,8 @@ from ._wire import ParsedGeneration, WireCall, WireProtocol
 
 __all__ = ["RemoteBackend"]
 
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
+
 
 def _api_key(api_key: ApiKey | str | None, headers: dict[str, str] | None) -> ApiKey | None:
     if api_key is None:
@@ -44,8 +46,6 @@ def _api_key(api_key: ApiKey | str | None, headers: dict[str, str] | None) -> Ap
     if any(name.lower() == "authorization" for name in headers or {}):
         raise InvalidRequestError("RemoteBackend: give api_key or an Authorization header in headers, not both")
     return api_key if isinstance(api_key, ApiKey) else ApiKey(api_key)
-
-logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 
 class RemoteBackend(PerRequestBackend):

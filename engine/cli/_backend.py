@@ -9,7 +9,8 @@ from typing import Any
 
 import trio
 
-__all__ = ["SHARD_STATS_INTERVAL_S", "STRAGGLERS", "open_engine", "setup_backend", "tokenizer_and_backend"]
+__all__ = ["API_KEY_ENV", "SHARD_STATS_INTERVAL_S", "STRAGGLERS", "open_engine", "server_api_key", "setup_backend",
+           "tokenizer_and_backend"]
 
 #: How often a shard sends its statistics (open_sharded_engine's stats_interval_s): a
 #: live shard is never silent longer, so --shard-timeout must exceed it.
@@ -56,17 +57,25 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
     if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
-        from ..backends.remote import open_remote_backend
-        from ..backends.remote.vllm import LogprobsModeError
+        from ..backends.remote import RemoteCallError, open_remote_backend
+        from ..backends.remote.vllm import LogprobsModeError, SeededSamplingError
+        from ..errors import BackendError
         from ._deadlines import remote_deadlines
 
+        key = server_api_key(args)
         try:
             return await open_remote_backend(args.backend, args.server, model=args.model,
                                              request_timeout_s=args.request_timeout,
-                                             startup_timeout_s=args.startup_timeout,
+                                             startup_timeout_s=args.startup_timeout, api_key=key,
                                              **remote_deadlines(args))  # --no-server-timeout, --attempt-timeout
         except LogprobsModeError as exc:  # its fix names a Python switch the CLI has not
             raise exc.with_fix(_CLI_LOGPROBS_FIX) from None
+        except SeededSamplingError as exc:  # likewise (rollout run always sends seeds)
+            raise exc.with_fix(_CLI_SEEDED_FIX) from None
+        except RemoteCallError as exc:
+            if exc.access_denied:  # every server refused access at start-up: say how to pass the key
+                raise BackendError(f"{exc}; {_access_hint(key is not None)}") from None
+            raise
     tokenizer, backend = await trio.to_thread.run_sync(tokenizer_and_backend, args)
     model = args.model or ("builtin:smollm2" if args.backend == "hf" else None)
     name = getattr(tokenizer, "name_or_path", None)
@@ -89,7 +98,50 @@ def open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: 
                                torch_threads=args.torch_threads)
 
 
+#: How a ``rollout run`` user fixes a vLLM CPU server with chunked prefill (the CLI seeds every request).
+_CLI_SEEDED_FIX = ("restart the server with --no-enable-chunked-prefill (rollout run seeds every request from --seed, "
+                   "so that a run repeats)")
+
 #: How a ``rollout run`` user fixes a vLLM server's logprobs mode (the CLI cannot skip the check).
 _CLI_LOGPROBS_FIX = ("restart the server with --logprobs-mode processed_logprobs and VLLM_SERVER_DEV_MODE=1 "
                      "(dev mode lets it report its mode on /server_info); rollout run has no option to skip this "
                      "check")
+
+
+# -- API key (--server-api-key, ROLLOUT_SERVER_API_KEY) -------------------------------------
+
+#: the environment variable ``--server-api-key`` defaults to
+API_KEY_ENV = "ROLLOUT_SERVER_API_KEY"
+
+
+def server_api_key(args: argparse.Namespace) -> Any:
+    """The :class:`~engine.backends.remote.ApiKey` of ``--server-api-key``, else of
+    ``$ROLLOUT_SERVER_API_KEY`` (empty: none), else ``None``.
+
+    Raises:
+        InvalidRequestError: the key is not a string of visible ASCII characters (the
+            message names where it came from, never the key).
+    """
+    import os
+
+    from ..backends.remote import ApiKey
+    from ..errors import InvalidRequestError
+
+    flag = getattr(args, "server_api_key", None)
+    value = flag if flag is not None else os.environ.get(API_KEY_ENV) or None
+    if value is None:
+        return None
+    try:
+        return ApiKey(value)
+    except InvalidRequestError:
+        where = "--server-api-key" if flag is not None else API_KEY_ENV
+        raise InvalidRequestError(f"{where}: the API key must be visible ASCII characters only (no spaces or line "
+                                  "breaks)") from None
+
+
+def _access_hint(key_given: bool) -> str:
+    if key_given:
+        return (f"the servers refuse the key given with --server-api-key (or {API_KEY_ENV}): pass the key they were "
+                "started with (their --api-key)")
+    return (f"the servers need an API key: pass the key they were started with (their --api-key) with "
+            f"--server-api-key KEY or the environment variable {API_KEY_ENV}")

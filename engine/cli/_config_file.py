@@ -34,7 +34,9 @@ else:  # pragma: no cover
 __all__ = ["ConfigError", "config_dict", "dump_config", "merge_config_file", "run_subparser"]
 
 #: Options that steer the command itself and are never saved.
-NOT_SAVED = ("config", "print_config", "help", "resume")
+NOT_SAVED = ("config", "print_config", "help", "resume", "server_api_key")
+#: Secrets: never saved, never read from a config file (rollout run takes them from a flag or the environment).
+SECRETS = {"server_api_key": "ROLLOUT_SERVER_API_KEY"}
 _UNSET = object()
 
 
@@ -127,6 +129,9 @@ def merge_config_file(build_parser: Any, argv: list[str], args: argparse.Namespa
     for raw_key, value in table.items():
         key = raw_key.replace("-", "_")
         action = by_key.get(key)
+        if key in SECRETS:
+            raise ConfigError(f"--config {path}: key {raw_key!r} is a secret, never read from a config file; set the "
+                              f"environment variable {SECRETS[key]} instead")
         if action is None:
             raise ConfigError(f"--config {path}: unknown key {raw_key!r} (keys are rollout run's long options, "
                               "e.g. n_samples, dataset, reward)")

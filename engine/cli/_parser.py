@@ -116,6 +116,10 @@ def build_parser() -> _Parser:
     run.add_argument("--startup-timeout", type=_positive_float, default=300.0,
                      help="seconds to wait for a remote server to answer its health route at start-up "
                           "(default 300; a server refusing access fails at once)")
+    run.add_argument("--server-api-key", default=None, metavar="KEY",
+                     help="API key of servers started with --api-key (vLLM, SGLang, rollout serve), sent as "
+                          "Authorization: Bearer KEY (default: $ROLLOUT_SERVER_API_KEY, which keeps it out of the "
+                          "process list; never written to config.toml or printed)")
     run.add_argument("--n-samples", type=_positive_int, default=2, help="samples per prompt (default 2)")
     run.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new-token budget (default 128)")
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")

@@ -37,12 +37,22 @@ Routes (SGLang wire format, ``SERVERS_AND_MODELS.md`` §1; bodies of ``/generate
   "keep_pause"}``: holds new requests; unless already paused, aborts running ones
   (``abort_all_requests``) or lets them finish, and pauses the model; loads the
   checkpoint's state dict into the model (``HFBackend.update_weights``), sets the version
-  (to ``weight_version`` when it is an integer, else +1), resumes.  ``POST
+  (to ``weight_version`` when it is an integer, else +1), resumes.  ``model_path`` must be
+  a folder on the server's machine with ``config.json`` and ``model.safetensors`` (or
+  ``model.safetensors.index.json``); anything else (a hub id, a file, pickled ``.bin``
+  weights) answers 400 ``{"success": false, "message"}`` before anything is paused.  ``POST
   /update_weight_version``.
 - ``GET /health`` (also ``/health_generate``), ``/get_model_info`` (``/model_info``),
   ``/get_server_info`` (``/server_info``), ``/get_weight_version``, ``/get_load``,
   ``/v1/models``; ``GET|POST /flush_cache`` (a no-op).  Unknown routes answer 404 and
   wrong methods 405, as ``{"detail": ...}``.
+
+API key.  ``--api-key KEY`` (:class:`ServeConfig` ``api_key``) makes every route, ``/health``
+included, answer 401 ``{"error": "Unauthorized"}`` unless the request carries
+``Authorization: Bearer KEY`` (compared in constant time); clients send it with ``rollout
+run --server-api-key`` or ``make_remote_backend(..., api_key=)``.  A ``--host`` that is not a
+loopback address (``127.0.0.0/8``, ``::1``, ``localhost``) is refused without one: the routes
+generate, pause, and load weights.
 
 Requests reach the model exactly as the engine sends them: one ``backend.generate`` per
 request (the engine's one dispatch path), cancelled on abort or disconnect.  The server

@@ -14,11 +14,13 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -27,7 +29,7 @@ from .._jsonable import plain
 from ..backends import sglang_wire as wire
 from ..errors import InvalidRequestError, RolloutError
 from ..types import ModelRequest, ModelResponse
-from ._http import JSONResponse, RequestRejected, parse_json, read_body, rejection
+from ._http import JSONResponse, RequestRejected, RequireApiKey, parse_json, read_body, rejection
 
 __all__ = ["SGLangServer"]
 
@@ -82,6 +84,8 @@ class SGLangServer:
         served_model_name: reported by ``/v1/models``.
         weight_version: reported in every answer's ``meta_info``.
         ready: the model is loaded and serving.
+        api_key: when set, every route answers 401 without ``Authorization: Bearer
+            <api_key>`` (:class:`~engine.serve._http.RequireApiKey`); hidden from the repr.
     """
 
     backend: Any
@@ -89,6 +93,7 @@ class SGLangServer:
     served_model_name: str = "default"
     weight_version: str = "0"
     ready: bool = False
+    api_key: str | None = field(default=None, repr=False)
     _running: dict[str, _Running] = field(default_factory=dict)
     _paused: bool = False
     _gate: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)  # resume or abort
@@ -128,8 +133,9 @@ class SGLangServer:
             ("/v1/models", ("GET",), self._models),
             ("/flush_cache", ("GET", "POST"), self._flush_cache),
         ]
+        middleware = [] if self.api_key is None else [Middleware(RequireApiKey, api_key=self.api_key)]
         return Starlette(routes=[Route(path, _endpoint(fn), methods=list(methods)) for path, methods, fn in routes],
-                         exception_handlers={HTTPException: _http_error})
+                         exception_handlers={HTTPException: _http_error}, middleware=middleware)
 
     def _require_ready(self) -> None:
         if not self.ready:
@@ -261,6 +267,9 @@ class SGLangServer:
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise RequestRejected(400, "model_path (a string) is required")
+        refusal = await trio.to_thread.run_sync(safetensors_refusal, path)
+        if refusal is not None:
+            return JSONResponse({"success": False, "message": refusal, "num_paused_requests": 0}, 400)
         weight_version = body.get("weight_version")
         backend = self.backend
         async with self._update_lock:
@@ -350,3 +359,19 @@ class SGLangServer:
         return Response(b"Cache flushed.", 200, media_type="text/plain")
 
 
+def safetensors_refusal(path: str) -> str | None:
+    """Why ``/update_weights_from_disk`` refuses ``path`` (``None``: it loads it).  Only a
+    folder on this machine with ``config.json`` and ``model.safetensors`` (or the
+    ``model.safetensors.index.json`` of sharded ones), as ``save_pretrained`` writes them,
+    loads: no hub id (nothing is downloaded), no single file, no folder whose weights are
+    pickled ``*.bin``/``*.pt`` files (unpickling runs code; ``from_pretrained`` prefers the
+    safetensors when both are there).  Blocking (reads the folder)."""
+    folder = Path(path)
+    need = "config.json and model.safetensors (or model.safetensors.index.json), as save_pretrained writes them"
+    if not folder.is_dir():
+        return f"model_path {path!r} is not a folder on this server: weights load only from a folder with {need}"
+    weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    if not weights or not (folder / "config.json").is_file():
+        return (f"model_path {path!r} is not a safetensors checkpoint: weights load only from a folder with {need} "
+                "(pickled .bin/.pt weights are refused)")
+    return None

@@ -8,6 +8,8 @@
   hypercorn's own log lines on this package's logger (nothing configured process-wide).
   Every request runs under :class:`CancelOnDisconnect`: once its body is read, a client
   that goes away cancels the handler (``rollout serve`` then withdraws the generation).
+* :class:`RequireApiKey` answers 401 to every request without ``Authorization: Bearer
+  <key>`` (``rollout serve --api-key``).
 * :func:`serve_http` serves a plain ``async handler(HTTPRequest) -> HTTPResponse``
   (:func:`handler_app`), the shape of the test suite's fake SGLang and vLLM servers, which
   also run in-process behind ``httpx.MockTransport``.  A handler raising
@@ -18,6 +20,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import socket
@@ -35,6 +39,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 __all__ = [
     "CancelOnDisconnect",
@@ -42,6 +47,7 @@ __all__ = [
     "HTTPResponse",
     "JSONResponse",
     "RequestRejected",
+    "RequireApiKey",
     "handler_app",
     "json_response",
     "open_listeners",
@@ -218,6 +224,41 @@ class CancelOnDisconnect:
 
             await self.app(scope, app_receive, send)
             nursery.cancel_scope.cancel()
+
+
+class RequireApiKey:
+    """ASGI middleware: every HTTP request must carry ``Authorization: Bearer <api_key>``
+    (the scheme in any case, as vLLM and SGLang take it), on every route and method, else
+    it is answered 401 ``{"error": "Unauthorized"}`` with ``WWW-Authenticate: Bearer`` before
+    the app sees it (a wrong key and no key look the same).  The key is compared in
+    constant time (``hmac.compare_digest`` of SHA-256 digests, so neither its content nor its
+    length leaks through timing); the middleware's repr hides it."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._digest = hashlib.sha256(api_key.encode()).digest()
+
+    def __repr__(self) -> str:
+        return f"RequireApiKey({self.app!r}, api_key='***')"
+
+    def authorized(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
+        """Whether the raw ASGI ``headers`` carry the key."""
+        values = [value for name, value in headers if name.lower() == b"authorization"]
+        if len(values) != 1:
+            return False
+        scheme, _, token = values[0].decode("latin-1").partition(" ")
+        given = hashlib.sha256(token.strip().encode("latin-1")).digest()
+        return hmac.compare_digest(given, self._digest) and scheme.lower() == "bearer"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and not self.authorized(scope.get("headers") or []):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            response = JSONResponse({"error": "Unauthorized"}, 401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 async def open_listeners(host: str, port: int) -> list[socket.socket]:

@@ -11,27 +11,40 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from ..errors import RolloutError, unwrap_single
+from ..errors import InvalidRequestError, RolloutError, unwrap_single
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["ServeConfig", "add_serve_parser", "main", "run_serve", "serve"]
+__all__ = ["ServeConfig", "add_serve_parser", "is_loopback", "main", "run_serve", "serve"]
 
 logger = logging.getLogger("rollout.engine.serve")  # the package's one logging namespace
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
-    """Settings of one ``rollout serve`` process."""
+    """Settings of one ``rollout serve`` process.
+
+    ``api_key``: when set, every route (``/health`` too) answers 401 unless the request
+    carries ``Authorization: Bearer <api_key>`` (:class:`~engine.serve._http.RequireApiKey`;
+    clients: ``rollout run --server-api-key``, ``make_remote_backend(api_key=)``).  Hidden
+    from the repr.  Required when ``host`` is not a loopback address (``127.0.0.0/8``,
+    ``::1``, ``localhost``): a server reachable from other machines would otherwise let
+    anyone generate, pause it, or load weights into it.
+
+    Raises:
+        InvalidRequestError: ``host`` is not loopback and ``api_key`` is not set, or
+            ``api_key`` is not a non-empty string of visible ASCII characters.
+    """
 
     model: str | None = None
     host: str = "127.0.0.1"
@@ -43,6 +56,33 @@ class ServeConfig:
     served_model_name: str | None = None
     torch_threads: int | None = None
     seed: int = 0
+    api_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:
+            from ..backends.remote import ApiKey
+
+            try:
+                ApiKey(self.api_key)
+            except InvalidRequestError:
+                raise InvalidRequestError("--api-key must be a non-empty string of visible ASCII characters (no "
+                                          "spaces, no line breaks)") from None
+        elif not is_loopback(self.host):
+            raise InvalidRequestError(
+                f"--host {self.host} accepts connections from other machines: pass --api-key KEY (every route then "
+                "needs Authorization: Bearer KEY; clients send it with rollout run --server-api-key), or listen on "
+                "127.0.0.1")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address (``127.0.0.0/8``, ``::1``);
+    anything else (``0.0.0.0``, ``::``, a name) may be reachable from other machines."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -60,7 +100,8 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
     path = await trio.to_thread.run_sync(resolve_model, config.model)
     backend = HFBackend(path, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
                         batch_window_s=config.batch_window_s)
-    server = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path))
+    server = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path),
+                          api_key=config.api_key)
     sockets = await open_listeners(config.host, config.port)  # a busy port: OSError here, not in a group
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -95,6 +136,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="name reported by /v1/models")
     p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0, help="torch seed (default 0)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require Authorization: Bearer KEY on every route (401 otherwise); needed when --host is "
+                        "not a loopback address (127.0.0.1, ::1, localhost); clients: rollout run --server-api-key")
     p.set_defaults(handler=run_serve)
     return p
 
@@ -107,10 +151,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.max_batch_size < 1 or not (args.batch_window_ms >= 0):
         print("rollout serve: error: --max-batch-size must be >= 1 and --batch-window-ms >= 0", file=sys.stderr)
         return 2
-    config = ServeConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
-                         max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
-                         served_model_name=args.served_model_name, torch_threads=args.torch_threads, seed=args.seed)
     try:
+        config = ServeConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+                             max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
+                             served_model_name=args.served_model_name, torch_threads=args.torch_threads,
+                             seed=args.seed, api_key=args.api_key)
         try:
             trio.run(serve, config)
         except BaseExceptionGroup as group:  # raised inside the server's nursery (e.g. loading the model)

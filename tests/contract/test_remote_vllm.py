@@ -5,7 +5,9 @@ Marked ``vllm`` (and ``slow``), an opt-in tier: run with ``pytest --vllm``; then
 ``$TRIO_ROLLOUT_VLLM_VENV``, default ``.venv-vllm`` in the repository root.  The module starts
 one server (30-75 s) with the tools' tiny random Llama (head_dim 64), ``--dtype float32``,
 ``--enforce-eager``, ``--max-model-len 2048``, ``--logprobs-mode processed_logprobs`` (the semantics every backend
-here reports; the ``vllm`` backend checks it) and this package's worker extension
+here reports; the ``vllm`` backend checks it), ``--no-enable-chunked-prefill`` (on CPU a seeded prompt split
+across steps kills vLLM 0.32's engine; the backend refuses such a server: ``test_remote_vllm_run.py``)
+and this package's worker extension
 (``--worker-extension-cls`` :data:`~engine.backends.remote.WORKER_EXTENSION`, with
 :func:`~engine.backends.remote.vllm_worker_dir` on its ``PYTHONPATH``; without it vLLM 0.32 on
 CPU reloads a tied LM head wrongly, see ``test_stock_reload_weights_keeps_the_tied_head_on_cpu``),
@@ -69,7 +71,7 @@ def vllm(tmp_path_factory):
     env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root), "PYTHONPATH": vllm_worker_dir()}
     started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
                               "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                              "--max-model-len", str(MAX_MODEL_LEN),
+                              "--max-model-len", str(MAX_MODEL_LEN), "--no-enable-chunked-prefill",
                               "--worker-extension-cls", WORKER_EXTENSION],
                              capture_output=True, text=True, env=env, timeout=420)
     if started.returncode != 0:

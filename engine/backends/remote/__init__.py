@@ -47,6 +47,13 @@ segment is routed like any other (back to the same server unless it was ejected)
 the engine loop cannot spin on it.  Evidence (logprob counts, NaN, -9999) is checked by the
 engine's ``validate_response``.
 
+API keys.  For servers started with ``--api-key`` (vLLM, SGLang, ``rollout serve``),
+``api_key=`` sends ``Authorization: Bearer <key>`` on every call; :class:`ApiKey` keeps it out
+of reprs and messages.  vLLM guards only ``/v1/...`` and SGLang everything but ``/health``, so
+start-up also asks every healthy server for its model (a guarded route): a missing or wrong
+key fails :meth:`~RemoteBackend.wait_ready` at once (``backend.pool.all_denied``), before any
+request.
+
 Health.  Every ``health_interval_s`` each server's health route is probed.  A server is
 ejected after ``eject_after_failures`` consecutive failed probes or attempts, and at once when
 it refuses a connection; an ejection by probes (the server stopped answering: presumed hung)
@@ -94,7 +101,7 @@ from typing import Any
 
 from ...errors import InvalidRequestError
 from ._backend import RemoteBackend
-from ._config import RemoteTimeouts, RetryPolicy
+from ._config import ApiKey, RemoteTimeouts, RetryPolicy
 from ._errors import RemoteCallError, RemoteTimeoutError, map_exceptions
 from ._routing import ServerPool, ServerStatistics
 from ._startup import choose_tokenizer, open_remote_backend
@@ -104,6 +111,7 @@ from .sglang import SGLangBackend, SGLangWire
 from .vllm import WORKER_EXTENSION, VLLMBackend, VLLMWire, vllm_abort_id, vllm_worker_dir
 
 __all__ = [
+    "ApiKey",
     "ParsedGeneration",
     "RemoteBackend",
     "RemoteCallError",
@@ -134,7 +142,8 @@ _KINDS: dict[str, type[RemoteBackend]] = {"sglang": SGLangBackend, "vllm": VLLMB
 def make_remote_backend(kind: str, servers: Sequence[str], **opts: Any) -> RemoteBackend:
     """Build the ``sglang`` or ``vllm`` backend for ``servers``.
 
-    ``opts`` may mix constructor arguments (``max_concurrency``, ``model`` for vLLM, ...)
+    ``opts`` may mix constructor arguments (``max_concurrency``, ``api_key``, ``model`` for
+    vLLM, ...)
     with any field of :class:`RemoteTimeouts` or :class:`RetryPolicy` given flat
     (``request_timeout_s=600, max_attempts=4``); ``None`` values are ignored.
 

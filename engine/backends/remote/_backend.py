@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 import httpx
 import trio
 
-from ...errors import BackendError, BackendTimeoutError, BackendUnavailableError
+from ...errors import BackendError, BackendTimeoutError, BackendUnavailableError, InvalidRequestError
 from ...types import ModelRequest, ModelResponse
 from ..base import PerRequestBackend, check_sync_mode
-from ._config import RemoteTimeouts, RetryPolicy
+from ._config import ApiKey, RemoteTimeouts, RetryPolicy
 from ._control import PoolControl, checkpoint_folder
 from ._errors import RemoteCallError, RemoteTimeoutError, decode_json, describe, excerpt, history, map_exceptions
 from ._health import HealthMonitor
@@ -40,6 +40,14 @@ __all__ = ["RemoteBackend"]
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 
+def _api_key(api_key: ApiKey | str | None, headers: dict[str, str] | None) -> ApiKey | None:
+    if api_key is None:
+        return None
+    if any(name.lower() == "authorization" for name in headers or {}):
+        raise InvalidRequestError("RemoteBackend: give api_key or an Authorization header in headers, not both")
+    return api_key if isinstance(api_key, ApiKey) else ApiKey(api_key)
+
+
 class RemoteBackend(PerRequestBackend):
     """A pool of inference servers behind one backend, speaking ``wire`` (see
     :mod:`engine.backends.remote`).
@@ -51,7 +59,11 @@ class RemoteBackend(PerRequestBackend):
         retry: :class:`RetryPolicy` (defaults if omitted).
         max_concurrency: segments in flight at once (``None`` = bounded by the engine).
         transport: an ``httpx.AsyncBaseTransport`` (tests pass ``httpx.MockTransport``).
-        headers: sent with every call (e.g. an ``Authorization`` header).
+        headers: sent with every call.
+        api_key: the key of servers started with ``--api-key``: every call carries
+            ``Authorization: Bearer <key>`` (an :class:`~._config.ApiKey` or the key as a
+            string; never printed).  A server that answers 401/403 refuses it (or its
+            absence): see ``Raises`` of :meth:`wait_ready`.
         seed: seeds the backoff jitter.
         sticky_cache_size: routing keys remembered for stickiness (LRU).
 
@@ -63,7 +75,9 @@ class RemoteBackend(PerRequestBackend):
             a model in its own process, each copy loads).
 
     Raises:
-        InvalidRequestError: no server, a URL that is not ``http(s)://``, a duplicate.
+        InvalidRequestError: no server, a URL that is not ``http(s)://``, a duplicate; an
+            ``api_key`` that is not a visible-ASCII string, or one given together with an
+            ``Authorization`` header.
     """
 
     kind = "remote"
@@ -79,6 +93,7 @@ class RemoteBackend(PerRequestBackend):
         max_concurrency: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        api_key: ApiKey | str | None = None,
         seed: int | None = None,
         sticky_cache_size: int = 100_000,
     ) -> None:
@@ -90,6 +105,9 @@ class RemoteBackend(PerRequestBackend):
         self.retry = retry or RetryPolicy()
         self.pool = ServerPool(list(servers), eject_after_failures=self.retry.eject_after_failures,
                                sticky_cache_size=sticky_cache_size)
+        self.api_key = _api_key(api_key, headers)
+        if self.api_key is not None:
+            headers = {**(headers or {}), "Authorization": self.api_key.authorization}
         self.http = ServerClient(self.timeouts, transport=transport, headers=headers)
         self._stats: Counter[str] = Counter()
         self.control = PoolControl(self.pool, self.http, wire, kind=self.kind, stats=self._stats)
@@ -147,16 +165,52 @@ class RemoteBackend(PerRequestBackend):
         model they serve, :meth:`served_models`); it then runs once only.
 
         Raises:
-            BackendError: every server refuses access (HTTP 401/403: at once), or no
-                server answered within ``startup_timeout_s``.
+            RemoteCallError: every server refuses access (HTTP 401/403, on the health
+                route or on the model route, which servers started with ``--api-key``
+                guard): at once, with ``access_denied`` (``backend.pool.all_denied``).
+            BackendError: no server answered within ``startup_timeout_s``.
         """
         if self._ready:
             return
-        await self.health.wait_ready(self.after_startup)
+        await self.health.wait_ready(self._after_health)
         self._ready = True
+
+    async def _after_health(self) -> None:
+        await self._check_access()
+        await self.after_startup()
 
     async def after_startup(self) -> None:
         """Hook run once a server is healthy, before segments are served."""
+
+    # -- access (servers started with --api-key) ------------------------------------
+    async def _check_access(self) -> None:
+        """Ask every healthy server for its model (the wire protocol's ``model_info_call``):
+        servers started with ``--api-key`` guard that route but not the health route
+        (vLLM guards only ``/v1/...``, SGLang everything but ``/health`` and ``/metrics``), so
+        a missing or wrong key shows here, before any segment.  A 401/403 ejects the server
+        for good (:meth:`ServerPool.deny <._routing.ServerPool.deny>`); other failures are
+        left to the requests and probes.
+
+        Raises:
+            RemoteCallError: no healthy server is left because each refused access
+                (``access_denied``).
+        """
+        method, path = self.wire.model_info_call()
+
+        async def one(server: Server) -> None:
+            try:
+                await self.call(server.url, method, path, timeout_s=self.timeouts.health_timeout_s)
+            except RemoteCallError as exc:
+                if exc.access_denied:
+                    self.pool.deny(server, str(exc))
+
+        async with trio.open_nursery() as nursery:
+            for server in self.pool.healthy:
+                nursery.start_soon(one, server)
+        if not self.pool.healthy:
+            raise RemoteCallError(f"{self.kind} backend: every server refused access: "
+                                  + "; ".join(f"{s.denied or s.last_error}" for s in self.pool.servers),
+                                  access_denied=True)
 
     async def check_health(self, *, eject_now: bool = False) -> dict[str, bool]:
         """Probe every server once; returns ``{url: healthy}`` after the round."""

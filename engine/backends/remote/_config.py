@@ -1,16 +1,17 @@
-"""A remote backend's settings: every deadline (:class:`RemoteTimeouts`) and the retry and
-ejection policy (:class:`RetryPolicy`), two frozen objects validated when built."""
+"""A remote backend's settings: every deadline (:class:`RemoteTimeouts`), the retry and
+ejection policy (:class:`RetryPolicy`), frozen objects validated when built, and the servers'
+API key (:class:`ApiKey`)."""
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...errors import InvalidRequestError
 
-__all__ = ["RemoteTimeouts", "RetryPolicy", "check_seconds"]
+__all__ = ["ApiKey", "RemoteTimeouts", "RetryPolicy", "check_seconds"]
 
 
 def check_seconds(owner: str, name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -109,3 +110,37 @@ class RetryPolicy:
         """Seconds to wait before retry number ``retry`` (>= 1)."""
         base = min(self.backoff_max_s, self.backoff_initial_s * self.backoff_multiplier ** min(retry - 1, 60))
         return base * (1.0 - self.jitter_fraction * rng.random())
+
+
+# -- API key (servers started with --api-key) --------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """The key of servers started with ``--api-key`` (vLLM, SGLang, ``rollout serve``),
+    sent as ``Authorization: Bearer <key>`` on every call.  Its ``repr`` and ``str`` hide
+    the value (``ApiKey('***')``), so it never reaches a log line, an error message or a
+    configuration dump; :attr:`value` is the only way to read it.
+
+    Raises:
+        InvalidRequestError: ``value`` is not a non-empty string of visible ASCII
+            characters (no spaces or line breaks: it travels in an HTTP header).
+    """
+
+    value: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        value = self.value
+        if not isinstance(value, str) or not value or not all(33 <= ord(c) <= 126 for c in value):
+            raise InvalidRequestError("api_key must be a non-empty string of visible ASCII characters (no spaces, "
+                                      "no line breaks)")
+
+    def __repr__(self) -> str:
+        return "ApiKey('***')"
+
+    __str__ = __repr__
+
+    @property
+    def authorization(self) -> str:
+        """The ``Authorization`` header's value: ``Bearer <key>``."""
+        return f"Bearer {self.value}"

@@ -62,8 +62,9 @@ class HealthMonitor:
         ``startup_timeout_s``.  A refused connection ejects a server at once.
 
         Raises:
-            BackendError: every server refuses access (HTTP 401/403: at once, no waiting),
-                or no server answered within ``startup_timeout_s``.
+            RemoteCallError: every server refuses access (HTTP 401/403: at once, no
+                waiting; ``access_denied``).
+            BackendError: no server answered within ``startup_timeout_s``.
         """
         with trio.move_on_after(self.timeouts.startup_timeout_s):
             first = True
@@ -72,9 +73,9 @@ class HealthMonitor:
                 if self.pool.healthy:
                     await after_startup()
                     return
-                if self.pool.all_denied:
-                    raise BackendError(f"{self.kind} backend: every server refused access: "
-                                       + "; ".join(f"{s.denied}" for s in self.pool.servers))
+                if self.pool.all_denied:  # (typed: a front end adds how to pass the key)
+                    raise RemoteCallError(f"{self.kind} backend: every server refused access: "
+                                          + "; ".join(f"{s.denied}" for s in self.pool.servers), access_denied=True)
                 if first:
                     logger.warning("waiting up to %s s for a healthy server among %s", self.timeouts.startup_timeout_s,
                                    [s.url for s in self.pool.servers])

@@ -27,14 +27,15 @@ class ServerClient:
         timeouts: ``connect_timeout_s`` for every connection, ``control_timeout_s`` as the
             default deadline of :meth:`call`.
         transport: an ``httpx.AsyncBaseTransport`` (tests pass ``httpx.MockTransport``).
-        headers: sent with every call (e.g. an ``Authorization`` header).
+        headers: sent with every call (e.g. an ``Authorization`` header; kept as
+            ``httpx.Headers``, whose repr masks it).
     """
 
     def __init__(self, timeouts: RemoteTimeouts, *, transport: httpx.AsyncBaseTransport | None = None,
                  headers: dict[str, str] | None = None) -> None:
         self.timeouts = timeouts
         self._transport = transport
-        self._headers = dict(headers or {})
+        self._headers = httpx.Headers(headers or {})
         self._client: httpx.AsyncClient | None = None
 
     @property

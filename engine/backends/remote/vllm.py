@@ -24,6 +24,23 @@ that runs another mode, or that does not say (:class:`LogprobsModeError`;
 ``check_logprobs_mode=False`` trusts the servers instead).  Mixing raw and processed logprobs would silently change the numbers a PPO
 ratio is built from.
 
+Seeds (reproducibility).  A request's ``gconfig.seed`` is sent as ``seed``: vLLM samples it
+with a ``torch.Generator`` of its own, so the same seed gives the same tokens whatever else
+is in the batch (``tests/contract/test_remote_vllm_run.py`` checks it on CPU).  vLLM 0.32
+keeps that promise across *chunked prefill* (a prompt computed over several engine steps) by
+rewinding the generator after each partial step with ``set_offset``, which only CUDA's
+generator has: on CPU the engine core dies (``RuntimeError: CPU Generator does not use
+offset``, ``gpu_model_runner._bookkeeping_sync``) and the server exits as soon as a seeded
+prompt is split -- when the prompts arriving together exceed ``max_num_batched_tokens``
+(2048 on CPU; e.g. ``rollout run --dataset builtin:arith:16 --n-samples 2``: 32 prompts of
+~130 tokens), or when one prompt alone does.  The client cannot keep a server from splitting
+prompts (other requests share each step's budget) and dropping the seeds would lose
+reproducibility, so at start-up the backend reads each server's ``/server_info`` and refuses
+a CPU server with chunked prefill on (:class:`SeededSamplingError`; restart it with
+``--no-enable-chunked-prefill``, after which a prompt is always computed in one step;
+``check_seeded_sampling=False`` when no request carries a seed).  GPU servers are not
+affected.
+
 Abort: ``POST /abort_requests {"request_ids": ["cmpl-<request_id>-0"]}`` (the engine's
 per-choice id; needs ``VLLM_SERVER_DEV_MODE=1``, else 404 and the dropped connection aborts).
 A client disconnect aborts too.  Pause: ``POST /pause?mode=abort|wait|keep``, continue:
@@ -72,31 +89,29 @@ from ._errors import RemoteCallError
 from ._routing import Server
 from ._wire import ParsedGeneration, WireCall, WireProtocol
 
-__all__ = ["LogprobsModeError", "PROCESSED_LOGPROBS_MODE", "VLLMBackend", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id",
-           "vllm_worker_dir"]
+__all__ = ["LogprobsModeError", "PROCESSED_LOGPROBS_MODE", "SeededSamplingError", "VLLMBackend",
+           "VLLMServerSetupError", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id", "vllm_worker_dir"]
 
 #: the server's ``--logprobs-mode`` that gives this package's logprob semantics
 PROCESSED_LOGPROBS_MODE = "processed_logprobs"
 
 
 
-class LogprobsModeError(BackendError):
-    """A vLLM server does not run ``--logprobs-mode processed_logprobs``, or does not say
-    (raised at start-up when ``check_logprobs_mode`` is on).
+class VLLMServerSetupError(BackendError):
+    """A vLLM server runs with options this package cannot work with (raised at
+    start-up; the subclasses say which).
 
-    The message is ``problem`` then ``fix``; ``fix`` defaults to :data:`PYTHON_FIX` (how
-    to fix it from the Python API).  A front end without the ``check_logprobs_mode``
-    switch (``rollout run``) words its own with :meth:`with_fix`.
+    The message is ``problem`` then ``fix``; ``fix`` defaults to the class's
+    :attr:`PYTHON_FIX` (how to fix it from the Python API).  A front end without the
+    Python switch (``rollout run``) words its own with :meth:`with_fix`.
 
     Attributes:
         url: the server's base URL.
         problem: what is wrong, without the fix.
     """
 
-    #: the fix, from the Python API (the servers, or ``check_logprobs_mode=False``)
-    PYTHON_FIX = (f"restart it with --logprobs-mode {PROCESSED_LOGPROBS_MODE} and VLLM_SERVER_DEV_MODE=1, or pass "
-                  "check_logprobs_mode=False (make_remote_backend / VLLMBackend) if every server already runs "
-                  "that mode")
+    #: the fix, from the Python API
+    PYTHON_FIX = "restart the server"
 
     def __init__(self, url: str, problem: str, fix: str | None = None) -> None:
         self.url, self.problem, self.fix = url, problem, self.PYTHON_FIX if fix is None else fix
@@ -105,9 +120,27 @@ class LogprobsModeError(BackendError):
     def __reduce__(self) -> Any:  # (crosses process boundaries whole: sharded engines)
         return type(self), (self.url, self.problem, self.fix)
 
-    def with_fix(self, fix: str) -> LogprobsModeError:
+    def with_fix(self, fix: str) -> VLLMServerSetupError:
         """The same error with another ``fix`` (the end of the message)."""
         return type(self)(self.url, self.problem, fix)
+
+
+class LogprobsModeError(VLLMServerSetupError):
+    """A vLLM server does not run ``--logprobs-mode processed_logprobs``, or does not say
+    (raised at start-up when ``check_logprobs_mode`` is on)."""
+
+    PYTHON_FIX = (f"restart it with --logprobs-mode {PROCESSED_LOGPROBS_MODE} and VLLM_SERVER_DEV_MODE=1, or pass "
+                  "check_logprobs_mode=False (make_remote_backend / VLLMBackend) if every server already runs "
+                  "that mode")
+
+
+class SeededSamplingError(VLLMServerSetupError):
+    """A vLLM server on CPU runs with chunked prefill, where a seeded request crashes its
+    engine (raised at start-up when ``check_seeded_sampling`` is on; see the module
+    docstring, "Seeds")."""
+
+    PYTHON_FIX = ("restart it with --no-enable-chunked-prefill, or pass check_seeded_sampling=False "
+                  "(make_remote_backend / VLLMBackend) if no request carries a seed (gconfig.seed)")
 
 
 #: ``--worker-extension-cls`` value of this package's vLLM worker extension (importable by the
@@ -226,6 +259,8 @@ class VLLMBackend(RemoteBackend):
         model: the served model name; ``None`` = the first id of ``GET /v1/models``.
         check_logprobs_mode: at start-up, require every healthy server to report
             ``--logprobs-mode processed_logprobs`` (see the module docstring).
+        check_seeded_sampling: at start-up, refuse a healthy server on CPU that runs with
+            chunked prefill (:class:`SeededSamplingError`; the module docstring, "Seeds").
         Others: see :class:`~engine.backends.remote.RemoteBackend` (the wire protocol is
             :class:`VLLMWire`).
     """
@@ -234,9 +269,10 @@ class VLLMBackend(RemoteBackend):
     wire: VLLMWire
 
     def __init__(self, servers: Sequence[str] | str, *, model: str | None = None, check_logprobs_mode: bool = True,
-                 **kwargs: Any) -> None:
+                 check_seeded_sampling: bool = True, **kwargs: Any) -> None:
         super().__init__(servers, wire=VLLMWire(model), **kwargs)
         self.check_logprobs_mode = check_logprobs_mode
+        self.check_seeded_sampling = check_seeded_sampling
 
     @property
     def model(self) -> str | None:
@@ -248,24 +284,37 @@ class VLLMBackend(RemoteBackend):
         self.wire.model = name
 
     async def after_startup(self) -> None:
+        """Name the model, then check each healthy server's configuration (``GET
+        /server_info?config_format=json``, dev mode).
+
+        Raises:
+            LogprobsModeError: ``check_logprobs_mode`` and a server that runs another
+                mode, or whose mode cannot be read.
+            SeededSamplingError: ``check_seeded_sampling`` and a server on CPU with
+                chunked prefill on (a server whose configuration cannot be read is trusted
+                here).
+        """
         if self.model is None:
             await self.prepare(self.pool.healthy[0])
-        if self.check_logprobs_mode:
-            for server in self.pool.healthy:
-                await self._check_logprobs_mode(server.url)
-
-    async def _check_logprobs_mode(self, url: str) -> None:
-        """Raise :class:`LogprobsModeError` unless ``url`` reports ``processed_logprobs``."""
-        try:
-            info = await self.call(url, "GET", "/server_info", params={"config_format": "json"},
-                                   timeout_s=self.timeouts.health_timeout_s)
-            mode = info["vllm_config"]["model_config"]["logprobs_mode"]
-        except (RemoteCallError, TypeError, KeyError) as exc:
-            raise LogprobsModeError(url, f"vllm backend: cannot read the logprobs mode of {url} from /server_info "
-                                         f"({exc}); this package reports processed logprobs") from None
-        if mode != PROCESSED_LOGPROBS_MODE:
-            raise LogprobsModeError(url, f"vllm backend: {url} runs --logprobs-mode {mode}, but this package reports "
-                                         "processed logprobs (after temperature, top-k, top-p)")
+        if not (self.check_logprobs_mode or self.check_seeded_sampling):
+            return
+        for server in self.pool.healthy:
+            url = server.url
+            try:
+                info = await self.call(url, "GET", "/server_info", params={"config_format": "json"},
+                                       timeout_s=self.timeouts.health_timeout_s)
+                config = info["vllm_config"]
+                mode = config["model_config"]["logprobs_mode"] if self.check_logprobs_mode else None
+            except (RemoteCallError, TypeError, KeyError) as exc:
+                if not self.check_logprobs_mode:
+                    continue
+                raise LogprobsModeError(url, f"vllm backend: cannot read the logprobs mode of {url} from /server_info "
+                                             f"({exc}); this package reports processed logprobs") from None
+            if self.check_logprobs_mode and mode != PROCESSED_LOGPROBS_MODE:
+                raise LogprobsModeError(url, f"vllm backend: {url} runs --logprobs-mode {mode}, but this package reports "
+                                             "processed logprobs (after temperature, top-k, top-p)")
+            if self.check_seeded_sampling:
+                _check_seeded_sampling(url, config)
 
     async def pause(self, mode: str = "abort") -> None:
         with _dev_mode_hint():
@@ -333,6 +382,26 @@ class VLLMBackend(RemoteBackend):
                 "token ids and no images (vLLM takes images only on /v1/chat/completions, which re-renders the "
                 "prompt, so it would not be token-exact); use the sglang or hf backend for image requests")
         return await super().generate(request, budget)
+
+
+def _check_seeded_sampling(url: str, config: Any) -> None:
+    """Raise :class:`SeededSamplingError` when the ``vllm_config`` of ``url`` says CPU and
+    chunked prefill (on unless it says ``false``: vLLM's default)."""
+    def section(name: str) -> dict[str, Any]:
+        value = config.get(name) if isinstance(config, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    if section("device_config").get("device") != "cpu":
+        return
+    scheduler = section("scheduler_config")
+    if scheduler.get("enable_chunked_prefill") is False:
+        return
+    budget = scheduler.get("max_num_batched_tokens")
+    raise SeededSamplingError(url, (
+        f"vllm backend: {url} is a vLLM server on CPU with chunked prefill on, where a seeded request crashes the "
+        "server (vLLM 0.32 rewinds a request's CUDA-only random generator when it splits the request's prompt "
+        "across steps: RuntimeError: CPU Generator does not use offset), which happens as soon as the prompts "
+        f"in flight exceed max_num_batched_tokens ({budget if budget is not None else 'its per-step budget'})"))
 
 
 @contextmanager

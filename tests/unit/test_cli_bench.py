@@ -11,7 +11,9 @@ def test_rollout_bench_without_the_benchmarks_package_is_one_line(monkeypatch, c
 
     from engine.cli import main
 
-    monkeypatch.setitem(sys.modules, "benchmarks", None)  # import benchmarks... -> ModuleNotFoundError
+    # import benchmarks... -> ModuleNotFoundError, also when an earlier test imported its submodules
+    for name in [n for n in sys.modules if n == "benchmarks" or n.startswith("benchmarks.")] or ["benchmarks"]:
+        monkeypatch.setitem(sys.modules, name, None)
     assert main(["bench", "--episodes", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rollout bench: error:") and "benchmarks" in err and err.count("\n") == 1, err

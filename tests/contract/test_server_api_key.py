@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -30,10 +28,11 @@ import trio
 
 from conftest import run_cli
 from engine.backends.hf import HFBackend
-from engine.serve import SGLangServer, serve_asgi, serve_http
+from engine.serve import SGLangServer, serve_asgi
 from engine.serve._server import is_loopback
 from engine.testing import build_tiny_model
 from fake_servers import FakeSGLang, FakeVLLM
+from test_cli_remote import serving
 
 pytestmark = pytest.mark.slow
 
@@ -45,33 +44,6 @@ RUN = ["run", "--dataset", "builtin:arith:3", "--n-samples", "1", "--max-new-tok
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("keys") / "tiny", seed=0)  # "tiny": FakeVLLM's model id
-
-
-@contextmanager
-def serving(handler):
-    """Serve ``handler`` on 127.0.0.1 from a thread with its own trio loop (the CLI runs its
-    own ``trio.run`` in the test's thread); yields the base URL."""
-    ready = queue.Queue()
-
-    def run():
-        async def main_loop():
-            stop = trio.Event()
-            async with trio.open_nursery() as nursery:
-                port = await nursery.start(serve_http, handler, "127.0.0.1", 0)
-                ready.put((port, trio.lowlevel.current_trio_token(), stop))
-                await stop.wait()
-                nursery.cancel_scope.cancel()
-
-        trio.run(main_loop)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    port, token, stop = ready.get(timeout=30)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        trio.from_thread.run_sync(stop.set, trio_token=token)
-        thread.join(30)
 
 
 def _error_lines(err):

@@ -57,7 +57,7 @@ test-smollm2: $(VENV)/.model
 # build imports nothing of the project; tests/unit/test_docs_examples.py (in `make test`) runs
 # the pages' examples.
 $(VENV)/.docs: $(VENV)/.installed
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,docs]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,docs]"
 	touch $@
 
 docs: $(VENV)/.docs

@@ -44,7 +44,7 @@ async def rollout_batch(engine: Any, items: Iterable[Any], workflow: Any,
     for i, item in enumerate(items):  # all of them before any is submitted: nothing is left half-submitted
         check_item(item, "rollout_batch: items[%d]", ITEMS_FIX, i)
     if engine._breaker.open and engine._breaker.reported:
-        engine._breaker.reset(watermark=engine._next_id)
+        engine._breaker.reset(watermark=engine._ledger.next_id)
     wf = engine._resolve(workflow, workflow_kwargs)
     ids = [engine.submit(item, wf, should_accept_fn=should_accept_fn, group_size=group_size) for item in items]
     trips = engine._breaker.trips
@@ -76,7 +76,7 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
         raise trio.ClosedResourceError("the rollout engine is closed")
     B = engine.config.consumer_batch_size
     if engine._breaker.open and engine._breaker.reported:  # called again after the error: submit again
-        engine._breaker.reset(watermark=engine._next_id)  # what is still in flight ran the old cause
+        engine._breaker.reset(watermark=engine._ledger.next_id)  # what is still in flight ran the old cause
     feeder = engine._feeder_for(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
 
     def ready() -> bool:
@@ -122,13 +122,13 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
 
 def why_waiting(engine: Any) -> str:
     """Explain queued episodes that cannot start (for timeout messages)."""
-    queued, running = engine._counts["queued"], engine._counts["running"]
+    queued, running = engine._ledger.counts["queued"], engine._ledger.counts["running"]
     if not queued:
         return (f"; {running} episodes are still running (the first results also wait for the model and "
                 "the reward workers to start)") if running else ""
     if engine.paused:
         return f"; {queued} episodes are queued because the engine is paused (call resume())"
-    if engine._staleness.capacity(engine.version) <= 0 and engine._counts["running"] == 0:
+    if engine._staleness.capacity(engine.version) <= 0 and running == 0:
         eta, B = engine.config.max_head_offpolicyness, engine.config.consumer_batch_size
         return (f"; {queued} episodes are queued and cannot start: the staleness bound "
                 f"(max_head_offpolicyness={eta}, consumer_batch_size={B}, version={engine.version}, "

@@ -84,7 +84,7 @@ def load_data_position(engine: Any, position: Any) -> None:
 
 def engine_state(engine: Any) -> dict[str, Any]:
     """See :meth:`engine.RolloutEngine.state_dict`."""
-    counts, stats = engine._counts, engine.statistics()  # (a sharded engine's counters: sums over its shards)
+    counts, stats = engine._ledger.counts, engine.statistics()  # (a sharded engine's counters: sums over its shards)
     pending = sorted([*engine._queue, *engine._running.values()], key=lambda t: t.task_id)
     return {
         "format": FORMAT,
@@ -92,8 +92,8 @@ def engine_state(engine: Any) -> dict[str, Any]:
         "staleness_accepted": int(engine._staleness.accepted),
         "accounting": {
             "accepted": counts["accepted"], "rejected": counts["rejected"], "failed": counts["failed"],
-            "rejected_by_reason": {str(k): v for k, v in engine._rejected_by.items() if v},
-            "failed_by_reason": {str(k): v for k, v in engine._failed_by.items() if v},
+            "rejected_by_reason": {str(k): v for k, v in engine._ledger.rejected_by.items() if v},
+            "failed_by_reason": {str(k): v for k, v in engine._ledger.failed_by.items() if v},
             "generated_tokens": stats.generated_tokens, "segments_resumed": stats.segments_resumed,
             "reward_fallbacks": stats.reward_fallbacks,
         },
@@ -103,7 +103,7 @@ def engine_state(engine: Any) -> dict[str, Any]:
                      "member_errors": [list(m) for m in r.member_errors], "data": r.data, "elapsed_s": r.elapsed_s}
                     for r in engine._buffer.results()],
         "pending": [{"task_id": t.task_id, "data": t.data, "group_size": t.group_size} for t in pending],
-        "next_task_id": engine._next_id,
+        "next_task_id": engine._ledger.next_id,
         "data_position": data_position_state(engine),
     }
 
@@ -118,8 +118,9 @@ def check_loadable(engine: Any, state: Any, workflow: Any) -> None:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"load_state_dict: unknown state format {found!r} (expected {FORMAT})")
-    if engine._counts["submitted"]:
-        raise ValueError(f"load_state_dict needs a fresh engine; this one has submitted {engine._counts['submitted']} "
+    submitted = engine._ledger.counts["submitted"]
+    if submitted:
+        raise ValueError(f"load_state_dict needs a fresh engine; this one has submitted {submitted} "
                          "episodes")
     pending = state["pending"]
     if pending and workflow is None:
@@ -154,18 +155,11 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
     wf = engine._resolve(workflow, workflow_kwargs) if pending else None
     load_data_position(engine, state.get("data_position"))
     acc = state["accounting"]
-    for status in ("accepted", "rejected", "failed"):
-        engine._counts[status] = int(acc[status])
-    engine._counts["submitted"] = sum(int(acc[s]) for s in ("accepted", "rejected", "failed"))
-    engine._rejected_by.update({_vocabulary(RejectReason, k): v for k, v in acc["rejected_by_reason"].items()})
-    engine._failed_by.update({_vocabulary(FailReason, k): v for k, v in acc["failed_by_reason"].items()})
-    engine._generated_tokens = int(acc["generated_tokens"])
-    engine._segments_resumed = int(acc["segments_resumed"])
-    engine._reward_fallbacks = int(acc["reward_fallbacks"])
+    engine._ledger.restored({**acc, "rejected_by_reason": {_vocabulary(RejectReason, k): v for k, v in acc["rejected_by_reason"].items()},
+                             "failed_by_reason": {_vocabulary(FailReason, k): v for k, v in acc["failed_by_reason"].items()}},
+                            [r.task_id for r in results], int(state["next_task_id"]))
     for result in results:
-        engine._live_ids.add(result.task_id)
         engine._buffer._put_now(result, ResultBuffer._rows(result))
-    engine._next_id = max(engine._next_id, int(state["next_task_id"]))
     version = int(state["version"])
     engine.restore(version)  # sets the version and re-checks the staleness of the restored results
     engine._staleness.accepted = version * engine.config.consumer_batch_size + engine._buffer.accepted_results

@@ -138,8 +138,8 @@ async def _member(engine: Any, task: Task, i: int, outcomes: list[Any] | None,
         swap_reward_outcome_collector(outer_scored)  # the successor task inherits this context: leave it as found
     if collected:
         scored = [o for o in collected if isinstance(o, RewardOutcome)]
-        engine._reward_fallbacks += sum(o.is_fallback for o in scored)
-        engine._retokenization_drifts += len(collected) - len(scored)
+        engine._ledger.reward_fallbacks += sum(o.is_fallback for o in scored)
+        engine._ledger.retokenization_drifts += len(collected) - len(scored)
     if outcomes is None:
         return await conclude(engine, task, [out], interaction_rewards)
     outcomes[i] = out

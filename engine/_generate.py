@@ -47,9 +47,9 @@ async def generate(engine: Any, req: ModelRequest) -> ModelResponse:
         tokens += resp.output_tokens
         logprobs += resp.output_logprobs
         versions += resp.output_versions
-        engine._generated_tokens += resp.output_len
+        engine._ledger.generated_tokens += resp.output_len
         if len(tokens) > resp.output_len:
-            engine._segments_resumed += 1
+            engine._ledger.segments_resumed += 1
         if len(tokens) > budget:
             raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
         stop_reason = resp.stop_reason

@@ -51,6 +51,7 @@ from . import _batches
 from ._collated import ITEMS_FIX, check_item
 from ._feeder import Feeder, feeder_for, refill
 from ._generate import generate
+from ._ledger import Ledger
 from ._lifecycle import open_engine
 from ._records import EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id, is_cancellation, sample_index
 from .staleness import StalenessManager
@@ -92,21 +93,13 @@ class RolloutEngine:
         self._admission = trio.lowlevel.ParkingLot()
         self._unpaused = trio.Event()
         self._unpaused.set()
-        self._next_id = 0
-        self._live_ids: set[int] = set()  # submitted, not yet consumed
         self._closed = False
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._rejected_by: collections.Counter[str] = collections.Counter()
-        self._failed_by: collections.Counter[str] = collections.Counter()
-        self._generated_tokens = 0
-        self._segments_resumed = 0  # generation segments re-sent after an abort
-        self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
+        self._ledger = Ledger()
         self._feeder: Feeder | None = None
         self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
         self._failure_log = FailureLog(logger)
-        self._retokenization_drifts = 0  # engine.chat drift events inside episodes
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
     # -- generation ----------------------------------------------------------
@@ -266,15 +259,8 @@ class RolloutEngine:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         check_item(data, "submit: data", ITEMS_FIX)
         wf = self._resolve(workflow, workflow_kwargs)
-        if task_id is None:
-            task_id = self._next_id
-        elif task_id in self._live_ids:
-            raise ValueError(f"task_id {task_id} is already in use")
-        self._next_id = max(self._next_id, task_id + 1)
-        self._live_ids.add(task_id)
+        task_id = self._ledger.new_task(task_id)
         self._queue.append(_Task(task_id, wf, data, should_accept_fn, group_size))
-        self._counts["submitted"] += 1
-        self._counts["queued"] += 1
         if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
             self._admission.unpark_all()
         return task_id
@@ -306,8 +292,7 @@ class RolloutEngine:
         the next pass of the run queue instead of the one after)."""
         while self._queue and not self._closed and not self.paused and self._staleness.capacity(self.version) > 0:
             task = self._queue.popleft()
-            self._counts["queued"] -= 1
-            self._counts["running"] += 1
+            self._ledger.started()
             self._staleness.running += 1
             self._running[task.task_id] = task
             self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
@@ -353,11 +338,12 @@ class RolloutEngine:
 
     # -- accounting ------------------------------------------------------------------------
     def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
-        self._counts["running" if was_running else "queued"] -= 1
         if was_running:
             self._staleness.running -= 1
             del self._running[result.task_id]
-        self._count_end(result, +1)
+        self._ledger.ended(result, was_running=was_running)
+        if result.status == EpisodeStatus.ACCEPTED:
+            self._staleness.accepted += 1
         self._breaker.record(result)
         if self._feeder is not None:
             self._feeder.inflight.discard(result.task_id)
@@ -366,25 +352,14 @@ class RolloutEngine:
         if self._dumper is not None and result.status == EpisodeStatus.ACCEPTED:
             self._dumper.record(result, self.version)
 
-    def _count_end(self, result: EpisodeResult, sign: int) -> None:
-        self._counts[result.status] += sign
-        if result.status == EpisodeStatus.ACCEPTED:
-            self._staleness.accepted += sign
-        elif result.status == EpisodeStatus.REJECTED:
-            self._rejected_by[result.reason or "unknown"] += sign
-        else:
-            self._failed_by[result.reason or "unknown"] += sign
-
     def _reclassify(self, old: EpisodeResult, new: EpisodeResult) -> None:
-        self._count_end(old, -1)
-        self._count_end(new, +1)
+        self._ledger.reclassified(old, new)
+        self._staleness.accepted += (new.status == EpisodeStatus.ACCEPTED) - (old.status == EpisodeStatus.ACCEPTED)
         self._admission.unpark_all()
 
     # -- results -----------------------------------------------------------------------------
     def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
-        for r in results:
-            self._live_ids.discard(r.task_id)
-        return results
+        return self._ledger.consumed(results)
 
     async def _wait_for(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
         with trio.move_on_after(math.inf if timeout is None else timeout):
@@ -405,8 +380,8 @@ class RolloutEngine:
         """
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        if count > len(self._live_ids):
-            raise ValueError(f"count={count} but only {len(self._live_ids)} episodes are pending or unconsumed")
+        if count > len(self._ledger.live_ids):
+            raise ValueError(f"count={count} but only {len(self._ledger.live_ids)} episodes are pending or unconsumed")
         await self._wait_for(lambda: len(self._buffer) >= count, timeout,
                              f"fewer than {count} episodes ended")
         return self._take([self._buffer.pop_oldest() for _ in range(count)])
@@ -425,7 +400,7 @@ class RolloutEngine:
             ValueError: ``task_id`` is unknown or was already consumed.
             TimeoutError: ``timeout`` seconds passed first (the record stays).
         """
-        if task_id not in self._live_ids:
+        if task_id not in self._ledger.live_ids:
             raise ValueError(f"task_id {task_id} is unknown or already consumed")
         await self._wait_for(lambda: task_id in self._buffer, timeout, f"task {task_id} did not end")
         return self._take([self._buffer.pop(task_id)])[0]
@@ -523,20 +498,21 @@ class RolloutEngine:
 
     def statistics(self) -> EngineStatistics:
         """A frozen snapshot; sync and cheap."""
-        c = self._counts
+        ledger = self._ledger
+        c = ledger.counts
         return EngineStatistics(
             submitted=c["submitted"], queued=c["queued"], running=c["running"], accepted=c["accepted"],
             rejected=c["rejected"], failed=c["failed"],
-            rejected_by_reason={k: v for k, v in self._rejected_by.items() if v},
-            failed_by_reason={k: v for k, v in self._failed_by.items() if v},
+            rejected_by_reason={k: v for k, v in ledger.rejected_by.items() if v},
+            failed_by_reason={k: v for k, v in ledger.failed_by.items() if v},
             results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
             buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(self.version), version=self.version,
-            paused=self.paused, generated_tokens=self._generated_tokens,
-            segments_resumed=self._segments_resumed, reward_fallbacks=self._reward_fallbacks, backend=self.backend.statistics(),
+            paused=self.paused, generated_tokens=ledger.generated_tokens,
+            segments_resumed=ledger.segments_resumed, reward_fallbacks=ledger.reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
             breaker_open=self._breaker.open, breaker_trips=self._breaker.trips,
             data_position=self._feeder.stream.state_dict() if self._feeder is not None else None,
-            retokenization_drifts=self._retokenization_drifts,
+            retokenization_drifts=ledger.retokenization_drifts,
         )
 
     def _withdraw_queued(self, task_ids: set[int], why: str) -> None:

@@ -199,16 +199,9 @@ class ShardedRolloutEngine(RolloutEngine):
         except Exception as exc:
             raise ValueError(f"submit: data ({type(data).__name__}) cannot be pickled, and a sharded engine sends "
                              f"each item to a shard process: {exc}") from exc
-        if task_id is None:
-            task_id = self._next_id
-        elif task_id in self._live_ids:
-            raise ValueError(f"task_id {task_id} is already in use")
-        self._next_id = max(self._next_id, task_id + 1)
-        self._live_ids.add(task_id)
+        task_id = self._ledger.new_task(task_id)
         self._blobs[task_id] = blob
         self._queue.append(_task(task_id, key, data, group_size))
-        self._counts["submitted"] += 1
-        self._counts["queued"] += 1
         if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
             self._admission.unpark_all()
         return task_id
@@ -247,8 +240,7 @@ class ShardedRolloutEngine(RolloutEngine):
         # each admission lowers both terms of the capacity by one (running += 1): computed once per pass
         for _ in range(min(len(queue), staleness.capacity(self._version))):
             task = queue.popleft()
-            self._counts["queued"] -= 1
-            self._counts["running"] += 1
+            self._ledger.started()
             staleness.running += 1
             self._running[task.task_id] = task
             shard = min(self._live, key=lambda s: len(s.inflight))
@@ -387,8 +379,7 @@ class ShardedRolloutEngine(RolloutEngine):
         snapshot's totals and its gauges at 0 (nothing runs there:
         :data:`~engine.shards._statistics.GAUGES`)."""
         base = super().statistics()
-        restored = (self._generated_tokens, self._segments_resumed, self._reward_fallbacks,
-                    self._retokenization_drifts)  # (0, or what load_state_dict restored)
+        restored = self._ledger.counters()  # (0, or what load_state_dict restored)
         totals = [restored[i] + sum(s.counters[i] for s in self._shards) for i in range(4)]
         return replace(base, generated_tokens=totals[0], segments_resumed=totals[1], reward_fallbacks=totals[2],
                        retokenization_drifts=totals[3],
@@ -545,8 +536,7 @@ class ShardedRolloutEngine(RolloutEngine):
         again = []
         for task in lost:
             del self._running[task.task_id]
-            self._counts["running"] -= 1
-            self._counts["queued"] += 1
+            self._ledger.requeued()
             self._staleness.running -= 1
             self._reruns[task.task_id] += 1
             if self._live and self._reruns[task.task_id] <= self._max_reruns:

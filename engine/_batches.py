@@ -20,7 +20,7 @@ from .datastream import DataStream
 from .errors import DataExhaustedError, DatasetError
 
 # ``engine`` parameters are a RolloutEngine, typed loosely: these modules sit below engine.executor
-__all__ = ["PATIENCE_S", "accepted_trajectories", "prepare_batch", "rollout_batch", "why_waiting"]
+__all__ = ["PATIENCE_S", "accepted_trajectories", "prepare_batch", "rollout_batch"]
 
 logger = logging.getLogger("rollout.engine.executor")  # the engine's log lines, wherever they come from
 
@@ -72,7 +72,7 @@ async def rollout_batch(engine: Any, items: Iterable[Any], workflow: Any,
 async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, workflow: Any,
                         workflow_kwargs: dict[str, Any] | None, should_accept_fn: Callable[..., Any] | None,
                         group_size: int, dynamic_bs: bool, timeout: float | None) -> TensorDict:
-    if engine._closed:
+    if engine._admission.closed:
         raise trio.ClosedResourceError("the rollout engine is closed")
     B = engine.config.consumer_batch_size
     if engine._breaker.open and engine._breaker.reported:  # called again after the error: submit again
@@ -95,7 +95,7 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
             await engine._buffer.wait_until(stop_waiting)
         if not stop_waiting() and trio.current_time() < deadline:  # a long wait says why, once per PATIENCE_S
             logger.warning("prepare_batch has waited %.0f s for %d %s results%s%s", PATIENCE_S, B,
-                           "ended" if dynamic_bs else "accepted", engine._why_waiting(),
+                           "ended" if dynamic_bs else "accepted", engine._admission.why_waiting(),
                            engine._breaker.recent_failures())
     engine._raise_feeder_error(feeder)
     if not ready():
@@ -109,7 +109,7 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
             rest = engine._take([engine._buffer.pop_oldest() for _ in range(len(engine._buffer))])
             return concat_padded_tensors(accepted_trajectories(rest))
         raise TimeoutError(f"prepare_batch: fewer than {B} {'ended' if dynamic_bs else 'accepted'} results "
-                           f"within {timeout} s{engine._why_waiting()}{engine._breaker.recent_failures()}")
+                           f"within {timeout} s{engine._admission.why_waiting()}{engine._breaker.recent_failures()}")
     taken: list[EpisodeResult] = []
     accepted = 0
     while (len(taken) < B) if dynamic_bs else (accepted < B):
@@ -118,20 +118,3 @@ async def prepare_batch(engine: Any, dataloader: Iterable[Any] | DataStream, wor
     engine._take(taken)
     engine._refill()  # top the pipeline back up at once: the next batch generates while the trainer trains
     return concat_padded_tensors(accepted_trajectories(taken))
-
-
-def why_waiting(engine: Any) -> str:
-    """Explain queued episodes that cannot start (for timeout messages)."""
-    queued, running = engine._ledger.counts["queued"], engine._ledger.counts["running"]
-    if not queued:
-        return (f"; {running} episodes are still running (the first results also wait for the model and "
-                "the reward workers to start)") if running else ""
-    if engine.paused:
-        return f"; {queued} episodes are queued because the engine is paused (call resume())"
-    if engine._staleness.capacity(engine.version) <= 0 and running == 0:
-        eta, B = engine.config.max_head_offpolicyness, engine.config.consumer_batch_size
-        return (f"; {queued} episodes are queued and cannot start: the staleness bound "
-                f"(max_head_offpolicyness={eta}, consumer_batch_size={B}, version={engine.version}, "
-                f"{engine._staleness.accepted} accepted) allows no more until set_version() is called "
-                "after a training step")
-    return f"; {queued} episodes are still queued"

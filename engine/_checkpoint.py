@@ -85,11 +85,11 @@ def load_data_position(engine: Any, position: Any) -> None:
 def engine_state(engine: Any) -> dict[str, Any]:
     """See :meth:`engine.RolloutEngine.state_dict`."""
     counts, stats = engine._ledger.counts, engine.statistics()  # (a sharded engine's counters: sums over its shards)
-    pending = sorted([*engine._queue, *engine._running.values()], key=lambda t: t.task_id)
+    pending = sorted([*engine._admission.queue, *engine._admission.running.values()], key=lambda t: t.task_id)
     return {
         "format": FORMAT,
         "version": int(engine.version),
-        "staleness_accepted": int(engine._staleness.accepted),
+        "staleness_accepted": int(engine._admission.staleness.accepted),
         "accounting": {
             "accepted": counts["accepted"], "rejected": counts["rejected"], "failed": counts["failed"],
             "rejected_by_reason": {str(k): v for k, v in engine._ledger.rejected_by.items() if v},
@@ -162,6 +162,6 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
         engine._buffer._put_now(result, ResultBuffer._rows(result))
     version = int(state["version"])
     engine.restore(version)  # sets the version and re-checks the staleness of the restored results
-    engine._staleness.accepted = version * engine.config.consumer_batch_size + engine._buffer.accepted_results
+    engine._admission.staleness.accepted = version * engine.config.consumer_batch_size + engine._buffer.accepted_results
     return [engine.submit(p["data"], wf, should_accept_fn=should_accept_fn, group_size=int(p["group_size"]),
                           task_id=int(p["task_id"])) for p in pending]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -24,7 +23,7 @@ from .data import concat_padded_tensors
 from .errors import EpisodeTimeoutError, failure_reason
 from .trajectory import _copy_with
 
-__all__ = ["check_staleness", "conclude", "episode_result", "finish_group", "is_stale", "run_filter"]
+__all__ = ["conclude", "episode_result", "finish_group", "run_filter"]
 
 
 def episode_result(engine: Any, task: Task) -> Awaitable[EpisodeResult]:
@@ -78,14 +77,14 @@ async def conclude(engine: Any, task: Task, outcomes: list[Any],
         else:
             trajs.append(out)
     for i, exc in errors:
-        if engine._closed and isinstance(exc, trio.ClosedResourceError):
+        if engine._admission.closed and isinstance(exc, trio.ClosedResourceError):
             continue
         engine._failure_log.failed(failure_reason(exc), f"episode {task.task_id} sample {i} failed: "
                                  f"{type(exc).__name__}: {exc}{raised_at(exc)}", trio.current_time())
     if not trajs:
         if errors:
             exc = errors[0][1]
-            if engine._closed and isinstance(exc, trio.ClosedResourceError):  # closing, not a workflow bug
+            if engine._admission.closed and isinstance(exc, trio.ClosedResourceError):  # closing, not a workflow bug
                 return failed_result(task, exc, reason=FailReason.CANCELLED)
             return failed_result(task, exc)
         return EpisodeResult(task.task_id, EpisodeStatus.REJECTED, reason=RejectReason.WORKFLOW_RETURNED_NONE, data=task.data)
@@ -183,25 +182,3 @@ async def run_filter(engine: Any, fn: Callable[..., Any], traj: TensorDict) -> t
     if scope.cancelled_caught:
         return RejectReason.FILTER_TIMEOUT, None
     return (None, None) if ok else (RejectReason.FILTERED, None)
-
-# -- staleness ----------------------------------------------------------------------------
-def is_stale(engine: Any, traj: TensorDict) -> torch.Tensor:
-    """[B] bool: oldest generated token more than eta versions behind."""
-    eta = engine.config.max_head_offpolicyness
-    versions = traj["versions"]  # [B, T] int32, -1 on prompt and padding
-    generated = (traj["loss_mask"] > 0) & traj["attention_mask"]  # [B, T]
-    big = torch.iinfo(versions.dtype).max
-    oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
-    return (oldest != big) & (engine.version - oldest > eta)
-
-def check_staleness(engine: Any, result: EpisodeResult) -> EpisodeResult:
-    traj = result.trajectory
-    if traj is None or engine.config.max_head_offpolicyness is None or "versions" not in traj.keys():
-        return result
-    stale = is_stale(engine, traj)
-    if engine.config.staleness_policy == "flag":
-        traj["is_stale"] = stale
-        return result
-    if bool(stale.any()):
-        return replace(result, status=EpisodeStatus.REJECTED, trajectory=None, reason=RejectReason.STALE)
-    return result

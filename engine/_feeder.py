@@ -60,7 +60,7 @@ def refill(engine: Any) -> None:
     """Submit from ``prepare_batch``'s dataloader while its pipeline has room (sync:
     called after a batch is taken and as each episode ends)."""
     feeder = engine._feeder
-    if feeder is None or engine._closed or engine._breaker.open or feeder.error is not None:
+    if feeder is None or engine._admission.closed or engine._breaker.open or feeder.error is not None:
         return
     while (len(feeder.inflight) < feeder.ahead
            and len(feeder.inflight) + engine._buffer.accepted_results < feeder.limit):

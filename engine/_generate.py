@@ -20,7 +20,7 @@ __all__ = ["generate"]
 
 
 async def generate(engine: Any, req: ModelRequest) -> ModelResponse:
-    if engine._closed:
+    if engine._admission.closed:
         if episode_id.get() is not None:  # an episode started as the engine closed: its nursery is
             await trio.lowlevel.checkpoint()  # cancelled, so it ends as "cancelled", not failed
         raise trio.ClosedResourceError("the rollout engine is closed")
@@ -35,8 +35,8 @@ async def generate(engine: Any, req: ModelRequest) -> ModelResponse:
     start = trio.current_time()
     ttft = None
     while True:
-        if not engine._unpaused.is_set():  # (no schedule point when not paused)
-            await engine._unpaused.wait()
+        if not engine._admission.unpaused.is_set():  # (no schedule point when not paused)
+            await engine._admission.unpaused.wait()
         segment_req = req if not tokens else replace(
             req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
             gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))

@@ -27,7 +27,6 @@ Contract names and semantics follow AReaL's ``WorkflowExecutor``
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import sys
@@ -46,15 +45,15 @@ from .datastream import DataStream
 from .dump import TrajectoryDumper
 from .errors import BackendError, EpisodeFailuresError, unwrap_single
 from ._config import EngineConfig
-from ._episode import check_staleness, episode_result
+from ._episode import episode_result
 from . import _batches
 from ._collated import ITEMS_FIX, check_item
 from ._feeder import Feeder, feeder_for, refill
 from ._generate import generate
 from ._ledger import Ledger
+from ._admission import Admission
 from ._lifecycle import open_engine
 from ._records import EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id, is_cancellation, sample_index
-from .staleness import StalenessManager
 from .types import ModelRequest, ModelResponse
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -78,23 +77,15 @@ class RolloutEngine:
 
     def __init__(self, nursery: trio.Nursery, backend: InferenceBackend,
                  reward_pool: Any, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
-        self._nursery = nursery
         self._dumper = dumper
         self.backend = backend
-        self._version = backend.version  # the engine owns it from here on (set_version)
         self.reward_pool = reward_pool
         self.config = config
-        self._staleness = StalenessManager(config.max_concurrent_rollouts, config.consumer_batch_size,
-                                           config.max_head_offpolicyness)
+        self._ledger = Ledger()
+        # the version: the engine's from here on (set_version)
+        self._admission = Admission(config, backend.version, self._ledger, nursery, self._run_episode)
         capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
         self._buffer = ResultBuffer(capacity)
-        self._queue: collections.deque[_Task] = collections.deque()
-        self._running: dict[int, _Task] = {}  # admitted, not ended (their data, for state_dict)
-        self._admission = trio.lowlevel.ParkingLot()
-        self._unpaused = trio.Event()
-        self._unpaused.set()
-        self._closed = False
-        self._ledger = Ledger()
         self._feeder: Feeder | None = None
         self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
@@ -128,16 +119,16 @@ class RolloutEngine:
     def version(self) -> int:
         """The current policy version (tokens generated now are tagged with it).  The
         engine owns it; :meth:`set_version` tells the backend."""
-        return self._version
+        return self._admission.version
 
     def set_version(self, version: int) -> None:
         """Set the policy version: tells the backend (segments sent from now on carry
         it), re-checks the staleness of buffered trajectories and wakes admission, all
         at once (every version change goes through here)."""
-        self._version = version
+        self._admission.version = version
         self.backend.set_version(version)
         self._recheck_buffer()
-        self._admission.unpark_all()
+        self._admission.wake()
 
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
         """Swap the policy's weights mid-rollout (partial rollout), through the
@@ -181,7 +172,7 @@ class RolloutEngine:
         """Resume after loading a checkpoint taken at ``version``: sets the version
         and resets the staleness counter of accepted episodes to ``version * B``
         (AReaL issue #1388)."""
-        self._staleness.restore(version)
+        self._admission.staleness.restore(version)
         self.set_version(version)
 
     # -- checkpoints (logic in engine._checkpoint) ---------------------------------------
@@ -217,17 +208,15 @@ class RolloutEngine:
     def pause(self) -> None:
         """Stop starting episodes and sending new generation segments; segments in
         flight finish."""
-        if self._unpaused.is_set():
-            self._unpaused = trio.Event()
+        self._admission.pause()
 
     def resume(self) -> None:
         """Undo :meth:`pause`."""
-        self._unpaused.set()
-        self._admission.unpark_all()
+        self._admission.resume()
 
     @property
     def paused(self) -> bool:
-        return not self._unpaused.is_set()
+        return self._admission.paused
 
     # -- submission and admission ----------------------------------------------------
     def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
@@ -253,16 +242,14 @@ class RolloutEngine:
             DatasetError: ``data`` is a batch or a message's role/content is not a str (:mod:`engine._collated`).
             trio.ClosedResourceError: the engine is closed.
         """
-        if self._closed:
+        if self._admission.closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         check_item(data, "submit: data", ITEMS_FIX)
         wf = self._resolve(workflow, workflow_kwargs)
         task_id = self._ledger.new_task(task_id)
-        self._queue.append(_Task(task_id, wf, data, should_accept_fn, group_size))
-        if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
-            self._admission.unpark_all()
+        self._admission.enqueue(_Task(task_id, wf, data, should_accept_fn, group_size))
         return task_id
 
     def _resolve(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Any:
@@ -284,18 +271,10 @@ class RolloutEngine:
         """Start queued episodes whenever capacity allows (the admission actor)."""
         while True:
             self._admit_now()
-            await self._admission.park()
+            await self._admission.parked()
 
     def _admit_now(self) -> None:
-        """Start queued episodes while capacity allows (sync: called by the
-        admission actor, and by an ending episode so that its successor starts in
-        the next pass of the run queue instead of the one after)."""
-        while self._queue and not self._closed and not self.paused and self._staleness.capacity(self.version) > 0:
-            task = self._queue.popleft()
-            self._ledger.started()
-            self._staleness.running += 1
-            self._running[task.task_id] = task
-            self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
+        self._admission.admit_now()  # (a sharded engine dispatches to its shards instead)
 
     # -- one episode -------------------------------------------------------------------
     async def _run_episode(self, task: _Task) -> None:
@@ -303,7 +282,7 @@ class RolloutEngine:
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:
-            result = self._check_staleness(await self._episode_result(task))
+            result = self._admission.check_staleness(await self._episode_result(task))
             object.__setattr__(result, "elapsed_s", trio.current_time() - start)  # a new record, not shared yet
             await self._buffer.put(result)  # backpressure: wait for room
         except BaseException as exc:
@@ -321,9 +300,6 @@ class RolloutEngine:
     def _episode_result(self, task: _Task) -> Awaitable[EpisodeResult]:
         return episode_result(self, task)  # the coroutine itself: no extra frame per episode
 
-    def _check_staleness(self, result: EpisodeResult) -> EpisodeResult:
-        return check_staleness(self, result)
-
     def _recheck_buffer(self) -> None:
         """After a version change: drop or flag trajectories that turned stale."""
         if self.config.max_head_offpolicyness is None:
@@ -331,19 +307,14 @@ class RolloutEngine:
         for result in self._buffer.results():
             if result.trajectory is None:
                 continue
-            checked = self._check_staleness(result)
+            checked = self._admission.check_staleness(result)
             if checked.status != result.status:  # accepted -> rejected (stale)
                 self._buffer.replace(result.task_id, checked)
-                self._reclassify(result, checked)
+                self._admission.reclassified(result, checked)
 
     # -- accounting ------------------------------------------------------------------------
     def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
-        if was_running:
-            self._staleness.running -= 1
-            del self._running[result.task_id]
-        self._ledger.ended(result, was_running=was_running)
-        if result.status == EpisodeStatus.ACCEPTED:
-            self._staleness.accepted += 1
+        self._admission.ended(result, was_running=was_running)
         self._breaker.record(result)
         if self._feeder is not None:
             self._feeder.inflight.discard(result.task_id)
@@ -351,11 +322,6 @@ class RolloutEngine:
         self._admit_now()  # here, not via the admission actor: the successor starts one run-queue pass sooner
         if self._dumper is not None and result.status == EpisodeStatus.ACCEPTED:
             self._dumper.record(result, self.version)
-
-    def _reclassify(self, old: EpisodeResult, new: EpisodeResult) -> None:
-        self._ledger.reclassified(old, new)
-        self._staleness.accepted += (new.status == EpisodeStatus.ACCEPTED) - (old.status == EpisodeStatus.ACCEPTED)
-        self._admission.unpark_all()
 
     # -- results -----------------------------------------------------------------------------
     def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
@@ -365,10 +331,7 @@ class RolloutEngine:
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await self._buffer.wait_until(predicate)
         if not predicate():
-            raise TimeoutError(f"{what} within {timeout} s{self._why_waiting()}")
-
-    def _why_waiting(self) -> str:
-        return _batches.why_waiting(self)
+            raise TimeoutError(f"{what} within {timeout} s{self._admission.why_waiting()}")
 
     async def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
         """Wait until ``count`` episodes have ended (accepted or not) and take their
@@ -506,7 +469,7 @@ class RolloutEngine:
             rejected_by_reason={k: v for k, v in ledger.rejected_by.items() if v},
             failed_by_reason={k: v for k, v in ledger.failed_by.items() if v},
             results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
-            buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(self.version), version=self.version,
+            buffer_capacity=self._buffer.capacity, capacity=self._admission.staleness.capacity(self.version), version=self.version,
             paused=self.paused, generated_tokens=ledger.generated_tokens,
             segments_resumed=ledger.segments_resumed, reward_fallbacks=ledger.reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
@@ -517,24 +480,16 @@ class RolloutEngine:
 
     def _withdraw_queued(self, task_ids: set[int], why: str) -> None:
         """End the queued (not yet started) episodes among ``task_ids`` as failed (``"cancelled"``)."""
-        keep: collections.deque[_Task] = collections.deque()
-        withdrawn: list[_Task] = []
-        for task in self._queue:
-            (withdrawn if task.task_id in task_ids else keep).append(task)
-        self._queue = keep
-        for task in withdrawn:
-            result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
-                                   error_message=why, data=task.data)
-            self._buffer._put_now(result, 0)
-            self._ended(result, was_running=False)
+        self._end_unstarted(self._admission.withdraw(task_ids), why)
 
     def _close(self) -> None:
         """Mark closed; episodes never admitted end as failed (``"cancelled"``)."""
-        self._closed = True
-        while self._queue:
-            task = self._queue.popleft()
+        self._end_unstarted(self._admission.close(), "the engine closed before the episode started")
+
+    def _end_unstarted(self, tasks: list[_Task], why: str) -> None:
+        for task in tasks:
             result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
-                                   error_message="the engine closed before the episode started", data=task.data)
+                                   error_message=why, data=task.data)
             self._buffer._put_now(result, 0)
             self._ended(result, was_running=False)
 

@@ -141,7 +141,6 @@ def _vocabulary(kind: Any, value: Any) -> Any:
 def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflow_kwargs: dict[str, Any] | None,
                       should_accept_fn: Any) -> list[int]:
     """See :meth:`engine.RolloutEngine.load_state_dict`."""
-    from .buffer import ResultBuffer
     from ._records import EpisodeResult, EpisodeStatus, FailReason, RejectReason
 
     check_loadable(engine, state, workflow)
@@ -159,7 +158,7 @@ def load_engine_state(engine: Any, state: dict[str, Any], workflow: Any, workflo
                              "failed_by_reason": {_vocabulary(FailReason, k): v for k, v in acc["failed_by_reason"].items()}},
                             [r.task_id for r in results], int(state["next_task_id"]))
     for result in results:
-        engine._buffer._put_now(result, ResultBuffer._rows(result))
+        engine._buffer.deposit(result)
     version = int(state["version"])
     engine.restore(version)  # sets the version and re-checks the staleness of the restored results
     engine._admission.staleness.accepted = version * engine.config.consumer_batch_size + engine._buffer.accepted_results

@@ -292,7 +292,7 @@ class RolloutEngine:
                 result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
                                        error_message="the episode was cancelled", data=task.data,
                                        elapsed_s=trio.current_time() - start)
-            self._buffer._put_now(result, ResultBuffer._rows(result))
+            self._buffer.deposit(result)
             self._ended(result, was_running=True)
             raise
         self._ended(result, was_running=True)
@@ -490,7 +490,7 @@ class RolloutEngine:
         for task in tasks:
             result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
                                    error_message=why, data=task.data)
-            self._buffer._put_now(result, 0)
+            self._buffer.deposit(result)
             self._ended(result, was_running=False)
 
 

@@ -501,8 +501,7 @@ class ShardedRolloutEngine(RolloutEngine):
                     task_id, status, trajectory=trajectory, reason=reason, error_type=error_type,
                     error_message=error_message, member_errors=member_errors, data=task.data, elapsed_s=elapsed_s))
                 shard.by_status[result.status] += 1
-                traj = result.trajectory
-                buffer._put_now(result, 0 if traj is None else int(traj.batch_size[0]))
+                buffer.deposit(result)
                 self._ended(result, was_running=True)
         finally:
             self._holding_admission = False
@@ -550,7 +549,7 @@ class ShardedRolloutEngine(RolloutEngine):
     def _fail_queued(self, task: Any, why: str) -> None:
         result = EpisodeResult(task.task_id, "failed", reason="shard_died", error_type="ShardsDiedError",
                                error_message=why, data=task.data)
-        self._buffer._put_now(result, 0)
+        self._buffer.deposit(result)
         self._ended(result, was_running=False)
 
     def _end_dispatched(self) -> None:
@@ -562,7 +561,7 @@ class ShardedRolloutEngine(RolloutEngine):
             for task in lost:
                 result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
                                        error_message="the engine closed while the episode ran", data=task.data)
-                self._buffer._put_now(result, 0)
+                self._buffer.deposit(result)
                 self._ended(result, was_running=True)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -45,7 +45,7 @@ from .datastream import DataStream
 from .dump import TrajectoryDumper
 from .errors import BackendError, EpisodeFailuresError, unwrap_single
 from ._config import EngineConfig
-from ._episode import episode_result
+from ._episode import Episodes
 from . import _batches
 from ._collated import ITEMS_FIX, check_item
 from ._feeder import Feeder, feeder_for, refill
@@ -90,7 +90,7 @@ class RolloutEngine:
         self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
-        self._failure_log = FailureLog(logger)
+        self._episodes = Episodes(self, config, self._admission, self._ledger, FailureLog(logger))
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
 
     # -- generation ----------------------------------------------------------
@@ -112,7 +112,7 @@ class RolloutEngine:
                 rules (:func:`engine.backends.base.validate_response`).
             trio.ClosedResourceError: the engine is closed.
         """
-        return await generate(self, req)  # engine._generate
+        return await generate(req, self.backend, self._admission, self._ledger)  # engine._generate
 
     # -- version, pause ------------------------------------------------------------
     @property
@@ -282,7 +282,7 @@ class RolloutEngine:
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:
-            result = self._admission.check_staleness(await self._episode_result(task))
+            result = self._admission.check_staleness(await self._episodes.result(task))
             object.__setattr__(result, "elapsed_s", trio.current_time() - start)  # a new record, not shared yet
             await self._buffer.put(result)  # backpressure: wait for room
         except BaseException as exc:
@@ -296,9 +296,6 @@ class RolloutEngine:
             self._ended(result, was_running=True)
             raise
         self._ended(result, was_running=True)
-
-    def _episode_result(self, task: _Task) -> Awaitable[EpisodeResult]:
-        return episode_result(self, task)  # the coroutine itself: no extra frame per episode
 
     def _recheck_buffer(self) -> None:
         """After a version change: drop or flag trajectories that turned stale."""

@@ -79,7 +79,7 @@ def load_data_position(engine: Any, position: Any) -> None:
     """
     if position is not None and not (isinstance(position, dict) and {"epoch", "position"} <= position.keys()):
         raise ValueError(f"load_state_dict: data_position must be a DataStream state, got {position!r}")
-    engine._restored_data_position = position
+    engine._batches.restored_position = position
 
 
 def engine_state(engine: Any) -> dict[str, Any]:

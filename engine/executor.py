@@ -37,23 +37,23 @@ from typing import Any
 import trio
 from tensordict import TensorDict
 
-from ._gc import gc_tuned
+from ._admission import Admission
+from ._batches import BatchPipeline
 from ._breaker import FailureBreaker, FailureLog
+from ._collated import ITEMS_FIX, check_item
+from ._config import EngineConfig
+from ._episode import Episodes
+from ._gc import gc_tuned
+from ._generate import generate
+from ._ledger import Ledger
+from ._lifecycle import open_engine
+from ._records import (EngineCalls, EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id,
+                       is_cancellation, sample_index)
 from .backends.base import InferenceBackend, WeightSync
 from .buffer import ResultBuffer
 from .datastream import DataStream
 from .dump import TrajectoryDumper
-from .errors import BackendError, EpisodeFailuresError, unwrap_single
-from ._config import EngineConfig
-from ._episode import Episodes
-from . import _batches
-from ._collated import ITEMS_FIX, check_item
-from ._feeder import Feeder, feeder_for, refill
-from ._generate import generate
-from ._ledger import Ledger
-from ._admission import Admission
-from ._lifecycle import open_engine
-from ._records import EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id, is_cancellation, sample_index
+from .errors import BackendError, unwrap_single
 from .types import ModelRequest, ModelResponse
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -86,12 +86,14 @@ class RolloutEngine:
         self._admission = Admission(config, backend.version, self._ledger, nursery, self._run_episode)
         capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
         self._buffer = ResultBuffer(capacity)
-        self._feeder: Feeder | None = None
-        self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
         self._episodes = Episodes(self, config, self._admission, self._ledger, FailureLog(logger))
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
+        # the parts call back through these (bound here: a sharded engine's overrides apply)
+        self._calls = EngineCalls(submit=self.submit, resolve=self._resolve, admit=self._admit_now, refill=self._refill,
+                                  take=self._take, withdraw=self._withdraw_queued, restore=self.restore)
+        self._batches = BatchPipeline(config, self._ledger, self._admission, self._buffer, self._breaker, self._calls)
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -313,8 +315,7 @@ class RolloutEngine:
     def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
         self._admission.ended(result, was_running=was_running)
         self._breaker.record(result)
-        if self._feeder is not None:
-            self._feeder.inflight.discard(result.task_id)
+        if self._batches.ended(result.task_id):
             self._refill()
         self._admit_now()  # here, not via the admission actor: the successor starts one run-queue pass sooner
         if self._dumper is not None and result.status == EpisodeStatus.ACCEPTED:
@@ -376,7 +377,7 @@ class RolloutEngine:
                 episodes not yet started end as failed (``"cancelled"``); raised once the running ones ended.
             DatasetError: ``items`` is a dict or a string, or an item is a batch (as :meth:`submit`).
         """
-        return await _batches.rollout_batch(self, items, workflow, workflow_kwargs, should_accept_fn, group_size)
+        return await self._batches.rollout_batch(items, workflow, workflow_kwargs, should_accept_fn, group_size)
 
     async def prepare_batch(self, dataloader: Iterable[Any] | DataStream, workflow: Any,
                             workflow_kwargs: dict[str, Any] | None = None,
@@ -419,37 +420,21 @@ class RolloutEngine:
                 batch as an item, is a torch ``DataLoader`` with the default
                 collate, or is a different object than the one the engine streams from.
         """
-        return await _batches.prepare_batch(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size,
+        return await self._batches.prepare_batch(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size,
                                    dynamic_bs, timeout)
 
     @property
     def data_stream(self) -> DataStream | None:
         """The :class:`~engine.datastream.DataStream` that ``prepare_batch`` reads, or ``None``."""
-        return self._feeder.stream if self._feeder is not None else None
+        return self._batches.stream
 
     def reset_data_stream(self) -> None:
         """Forget ``prepare_batch``'s dataloader, so the next call may pass another one.
         Episodes already submitted from the old one still run and are returned."""
-        self._feeder = None
-
-    def _feeder_for(self, dataloader: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None,
-                    should_accept_fn: Callable[..., Any] | None, group_size: int) -> Feeder:
-        return feeder_for(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
+        self._batches.feeder = None
 
     def _refill(self) -> None:
-        refill(self)
-
-    def _raise_feeder_error(self, feeder: Feeder) -> None:
-        if feeder.error is not None:
-            exc, feeder.error = feeder.error, None
-            raise exc
-
-    def _raise_breaker(self, where: str) -> None:
-        trip = self._breaker.trip
-        assert trip is not None  # called only while the breaker is open
-        self._breaker.reported = True  # stays open: nothing is submitted until the caller calls again
-        raise EpisodeFailuresError(
-            f"{where}: stopped submitting: {trip.describe()}; fix the cause and call {where} again", trip)
+        self._batches.refill()  # (a sharded engine stops refilling once every shard died)
 
     def longest_running(self, top: int) -> tuple[Any, ...] | None:
         """None: one engine does not time its episodes (``RunMonitor.track`` does); a
@@ -471,7 +456,7 @@ class RolloutEngine:
             segments_resumed=ledger.segments_resumed, reward_fallbacks=ledger.reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
             breaker_open=self._breaker.open, breaker_trips=self._breaker.trips,
-            data_position=self._feeder.stream.state_dict() if self._feeder is not None else None,
+            data_position=self._batches.position(),
             retokenization_drifts=ledger.retokenization_drifts,
         )
 

@@ -99,16 +99,17 @@ class Ledger:
             self.live_ids.discard(r.task_id)
         return results
 
-    def restored(self, accounting: dict[str, Any], task_ids: Iterable[int], next_id: int) -> None:
+    def restored(self, accounting: dict[str, Any], *, rejected_by: dict[str, int], failed_by: dict[str, int],
+                 task_ids: Iterable[int], next_id: int) -> None:
         """Load a checkpoint's ``"accounting"`` section (:mod:`engine._checkpoint`) into this
-        fresh ledger: the ended counts (``submitted`` becomes their sum), the reasons (keys as
-        given) and the token counters; ``task_ids`` are the restored results (unconsumed)."""
+        fresh ledger: the ended counts (``submitted`` becomes their sum) and the token
+        counters; the reasons as given; ``task_ids`` are the restored results (unconsumed)."""
         counts = self.counts
         for status in ("accepted", "rejected", "failed"):
             counts[status] = int(accounting[status])
         counts["submitted"] = sum(int(accounting[s]) for s in ("accepted", "rejected", "failed"))
-        self.rejected_by.update(accounting["rejected_by_reason"])
-        self.failed_by.update(accounting["failed_by_reason"])
+        self.rejected_by.update(rejected_by)
+        self.failed_by.update(failed_by)
         self.generated_tokens = int(accounting["generated_tokens"])
         self.segments_resumed = int(accounting["segments_resumed"])
         self.reward_fallbacks = int(accounting["reward_fallbacks"])

@@ -40,6 +40,7 @@ from tensordict import TensorDict
 from ._admission import Admission
 from ._batches import BatchPipeline
 from ._breaker import FailureBreaker, FailureLog
+from ._checkpoint import EngineCheckpoint
 from ._collated import ITEMS_FIX, check_item
 from ._config import EngineConfig
 from ._episode import Episodes
@@ -94,6 +95,7 @@ class RolloutEngine:
         self._calls = EngineCalls(submit=self.submit, resolve=self._resolve, admit=self._admit_now, refill=self._refill,
                                   take=self._take, withdraw=self._withdraw_queued, restore=self.restore)
         self._batches = BatchPipeline(config, self._ledger, self._admission, self._buffer, self._breaker, self._calls)
+        self._checkpoint = EngineCheckpoint(config, self._ledger, self._admission, self._buffer, self._batches, self._calls)
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -177,7 +179,7 @@ class RolloutEngine:
         self._admission.staleness.restore(version)
         self.set_version(version)
 
-    # -- checkpoints (logic in engine._checkpoint) ---------------------------------------
+    # -- checkpoints (the codec: engine._checkpoint) ---------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The engine's resumable state, for a trainer's checkpoint: policy version,
         accounting, finished-but-unconsumed results (with their trajectories), and
@@ -185,9 +187,7 @@ class RolloutEngine:
         ``torch.save`` it; ``torch.load(..., weights_only=True)`` reads it back when
         the dataset items are plain too.  Sync; the engine keeps running.  Format:
         :mod:`engine._checkpoint`."""
-        from ._checkpoint import engine_state
-
-        return engine_state(self)
+        return self._checkpoint.state(self.statistics())
 
     def load_state_dict(self, state: dict[str, Any], workflow: Any = None,
                         workflow_kwargs: dict[str, Any] | None = None,
@@ -203,9 +203,7 @@ class RolloutEngine:
                 format is unknown, or it holds episodes to re-submit and
                 ``workflow`` is None.
         """
-        from ._checkpoint import load_engine_state
-
-        return load_engine_state(self, state, workflow, workflow_kwargs, should_accept_fn)
+        return self._checkpoint.load(state, workflow, workflow_kwargs, should_accept_fn)
 
     def pause(self) -> None:
         """Stop starting episodes and sending new generation segments; segments in

@@ -167,9 +167,7 @@ class ShardedRolloutEngine(RolloutEngine):
             WorkflowError: ``workflow`` or ``should_accept_fn`` cannot be pickled.
             Either before anything is loaded.
         """
-        from .._checkpoint import check_loadable
-
-        check_loadable(self, state, workflow)
+        self._checkpoint.check_loadable(state, workflow)
         if state["pending"]:  # what submit would refuse, before the state is half-loaded
             self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
             for p in state["pending"]:

@@ -170,21 +170,21 @@ class Admission:
         return f"; {queued} episodes are still queued"
 
     # -- the staleness policy -----------------------------------------------------------------
-    def is_stale(self, traj: TensorDict) -> torch.Tensor:
-        """[B] bool: the row's oldest generated token is more than eta versions behind."""
+    def is_stale(self, traj: TensorDict, eta: int) -> torch.Tensor:
+        """[B] bool: the row's oldest generated token is more than ``eta`` versions behind."""
         versions = traj["versions"]  # [B, T] int32, -1 on prompt and padding
         generated = (traj["loss_mask"] > 0) & traj["attention_mask"]  # [B, T]
         big = torch.iinfo(versions.dtype).max
         oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
-        return (oldest != big) & (self.version - oldest > self._eta)
+        return (oldest != big) & (self.version - oldest > eta)
 
     def check_staleness(self, result: EpisodeResult) -> EpisodeResult:
         """``result`` under the staleness policy: as is (no bound, no versions, fresh),
         flagged in place (``"flag"``), or rejected ``"stale"`` (a new record)."""
-        traj = result.trajectory
-        if traj is None or self._eta is None or "versions" not in traj.keys():
+        traj, eta = result.trajectory, self._eta
+        if traj is None or eta is None or "versions" not in traj.keys():
             return result
-        stale = self.is_stale(traj)
+        stale = self.is_stale(traj, eta)
         if self._flag_stale:
             traj["is_stale"] = stale
             return result

@@ -32,7 +32,7 @@ import math
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import trio
 from tensordict import TensorDict
@@ -47,7 +47,7 @@ from ._episode import Episodes
 from ._gc import gc_tuned
 from ._generate import generate
 from ._ledger import Ledger
-from ._lifecycle import open_engine
+from ._lifecycle import open_services
 from ._records import (EngineCalls, EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id,
                        is_cancellation, sample_index)
 from .backends.base import InferenceBackend, WeightSync
@@ -56,6 +56,7 @@ from .datastream import DataStream
 from .dump import TrajectoryDumper
 from .errors import BackendError, unwrap_single
 from .types import ModelRequest, ModelResponse
+from .workflow import EngineRewards, EpisodeEngine
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -77,7 +78,7 @@ class RolloutEngine:
     """Created by :func:`open_rollout_engine`; do not instantiate directly."""
 
     def __init__(self, nursery: trio.Nursery, backend: InferenceBackend,
-                 reward_pool: Any, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
+                 reward_pool: EngineRewards | None, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
         self._dumper = dumper
         self.backend = backend
         self.reward_pool = reward_pool
@@ -89,7 +90,8 @@ class RolloutEngine:
         self._buffer = ResultBuffer(capacity)
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
-        self._episodes = Episodes(self, config, self._admission, self._ledger, FailureLog(logger))
+        # what workflows get: inside an episode the reward pool is never None (open_rollout_engine opens one)
+        self._episodes = Episodes(cast(EpisodeEngine, self), config, self._admission, self._ledger, FailureLog(logger))
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
         # the parts call back through these (bound here: a sharded engine's overrides apply)
         self._calls = EngineCalls(submit=self.submit, resolve=self._resolve, admit=self._admit_now, refill=self._refill,
@@ -476,7 +478,7 @@ class RolloutEngine:
 
 @asynccontextmanager
 async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | None = None, *,
-                              reward_pool: Any = None, tokenizer: Any = None) -> AsyncIterator[RolloutEngine]:
+                              reward_pool: EngineRewards | None = None, tokenizer: Any = None) -> AsyncIterator[RolloutEngine]:
     """Open an engine: the backend (:meth:`InferenceBackend.open`), the admission actor, the reward worker
     pool, the dump writer and every episode task live in this scope.  Leaving it
     cancels episodes still running or queued (recorded as failed, reason
@@ -500,8 +502,13 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
     try:
         with gc_tuned(config.gc_tuning):
-            async with open_engine(RolloutEngine, backend, config, reward_pool, dumper) as engine:
-                yield engine
+            async with open_services(backend, config, reward_pool, dumper) as (nursery, pool):
+                engine = RolloutEngine(nursery, backend, pool, config, dumper)
+                nursery.start_soon(engine._admit_forever, name="admission")
+                try:
+                    yield engine
+                finally:
+                    engine._close()  # then the episodes' nursery is cancelled
     except BaseExceptionGroup as group:
         single = unwrap_single(group)
         if single is group:

@@ -23,6 +23,14 @@ Contract names and semantics follow AReaL's ``WorkflowExecutor``
   ordered by sample index; every trajectory carries ``group_id`` and
   ``group_size`` so partial groups cannot corrupt GRPO (AReaL issue #1419).
 * ``set_version`` wakes admission at once (a latent hang in AReaL).
+
+:class:`RolloutEngine` composes its parts, each owning its state and handed the typed
+parts it needs: the ledger (:mod:`engine._ledger`: counts, reasons, task ids),
+admission (:mod:`engine._admission`: queue, running episodes, staleness, version,
+pause), the result buffer (:mod:`engine.buffer`), the episodes (:mod:`engine._episode`),
+the batch calls and ``prepare_batch``'s run-ahead (:mod:`engine._batches`) and the
+checkpoint codec (:mod:`engine._checkpoint`); they call the engine back through
+:class:`~engine._records.EngineCalls`.
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ async def run_real_bench(cfg: RealBenchConfig, log: Any = None) -> dict[str, Any
     from engine import EngineConfig, GenerationHyperparameters, open_rollout_engine
     from engine.datasets import load_dataset
     from engine.errors import DatasetError
-    from rewards import gsm8k_reward
+    from rewards import RewardPool, gsm8k_reward
     from workflows.rlvr import RLVRWorkflow
 
     log = log or (lambda message: None)
@@ -379,6 +379,7 @@ async def run_real_bench(cfg: RealBenchConfig, log: Any = None) -> dict[str, Any
     workflow = Counting(gsm8k_reward, gconfig, tokenizer)
     runs: list[dict[str, Any]] = []
     async with open_rollout_engine(backend, config, tokenizer=tokenizer) as engine:
+        assert isinstance(engine.reward_pool, RewardPool)  # the engine's own (local workers)
         await engine.reward_pool.check_reward_fn(gsm8k_reward, items[0])
         if cfg.warmup:  # loads the model's kernels, starts the reward workers (not measured)
             warm = Counting(gsm8k_reward, gconfig.new(max_new_tokens=8), tokenizer)

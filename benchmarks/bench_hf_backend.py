@@ -35,6 +35,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class _NoRewards:
+    """A reward pool that no episode calls (this benchmark only generates)."""
+
+    async def score(self, *args, **data):
+        raise RuntimeError("this benchmark scores nothing")
+
     def statistics(self):
         return None
 

@@ -6,21 +6,22 @@ an aborted segment is resumed with prompt + partial output (AReaL PR #1569)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
-
 import trio
 
+from ._admission import Admission
+from ._ledger import Ledger
 from ._records import episode_id
-from .backends.base import validate_response
+from .backends.base import InferenceBackend, validate_response
 from .errors import BackendError
 from .types import ModelRequest, ModelResponse
 
-# ``engine`` parameters are a RolloutEngine, typed loosely: these modules sit below engine.executor
 __all__ = ["generate"]
 
 
-async def generate(engine: Any, req: ModelRequest) -> ModelResponse:
-    if engine._closed:
+async def generate(req: ModelRequest, backend: InferenceBackend, admission: Admission, ledger: Ledger) -> ModelResponse:
+    """``req`` on ``backend``, segment by segment; each segment waits while ``admission``
+    is paused; ``ledger`` counts the tokens and the resumed segments."""
+    if admission.closed:
         if episode_id.get() is not None:  # an episode started as the engine closed: its nursery is
             await trio.lowlevel.checkpoint()  # cancelled, so it ends as "cancelled", not failed
         raise trio.ClosedResourceError("the rollout engine is closed")
@@ -35,21 +36,21 @@ async def generate(engine: Any, req: ModelRequest) -> ModelResponse:
     start = trio.current_time()
     ttft = None
     while True:
-        if not engine._unpaused.is_set():  # (no schedule point when not paused)
-            await engine._unpaused.wait()
+        if not admission.unpaused.is_set():  # (no schedule point when not paused)
+            await admission.unpaused.wait()
         segment_req = req if not tokens else replace(
             req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
             gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))
-        resp = await engine.backend.generate(segment_req, budget - len(tokens))
+        resp = await backend.generate(segment_req, budget - len(tokens))
         validate_response(resp, segment_req)
         if ttft is None:
             ttft = resp.ttft
         tokens += resp.output_tokens
         logprobs += resp.output_logprobs
         versions += resp.output_versions
-        engine._generated_tokens += resp.output_len
+        ledger.generated_tokens += resp.output_len
         if len(tokens) > resp.output_len:
-            engine._segments_resumed += 1
+            ledger.segments_resumed += 1
         if len(tokens) > budget:
             raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
         stop_reason = resp.stop_reason

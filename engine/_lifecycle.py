@@ -1,12 +1,13 @@
-"""Opening and closing an engine: the reward pool (local worker processes or Ray
-actors, unless one is shared), the dump writer, the backend and the engine's
-nursery, in the order :func:`engine.open_rollout_engine` documents (episodes end
-before the backend closes; dumps are flushed last)."""
+"""What an engine runs in: the reward pool (local worker processes or Ray actors, unless
+one is shared), the dump writer, the backend and the nursery of the episodes, opened and
+closed in the order :func:`engine.open_rollout_engine` documents (episodes end before
+the backend closes; dumps are flushed last).  The engine itself is built, started and
+closed by :func:`~engine.open_rollout_engine` inside this scope."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import trio
@@ -14,13 +15,17 @@ import trio
 from ._config import EngineConfig
 from .backends.base import InferenceBackend
 from .dump import TrajectoryDumper
+from .workflow import EngineRewards
 
-__all__ = ["open_engine"]
+__all__ = ["open_services"]
 
 
 @asynccontextmanager
-async def open_engine(engine_cls: Callable[..., Any], backend: InferenceBackend, config: EngineConfig, reward_pool: Any,
-                       dumper: TrajectoryDumper | None) -> AsyncIterator[Any]:
+async def open_services(backend: InferenceBackend, config: EngineConfig, reward_pool: EngineRewards | None,
+                        dumper: TrajectoryDumper | None) -> AsyncIterator[tuple[trio.Nursery, EngineRewards]]:
+    """Yield ``(nursery, pool)``: the nursery the episodes run in (cancelled on the way
+    out, before the backend closes) and the reward pool (``reward_pool``, or one opened
+    with ``config``'s ``reward_*`` settings and closed on the way out)."""
     from rewards import open_reward_pool
 
     async with _maybe_pool(reward_pool, config, open_reward_pool) as pool:
@@ -29,12 +34,9 @@ async def open_engine(engine_cls: Callable[..., Any], backend: InferenceBackend,
                 await services.start(dumper.run)
             try:
                 async with backend.open(), trio.open_nursery() as nursery:  # episodes end before the backend
-                    engine = engine_cls(nursery, backend, pool, config, dumper)
-                    nursery.start_soon(engine._admit_forever, name="admission")
                     try:
-                        yield engine
+                        yield nursery, pool
                     finally:
-                        engine._close()
                         nursery.cancel_scope.cancel()
             finally:
                 if dumper is not None:
@@ -44,7 +46,8 @@ async def open_engine(engine_cls: Callable[..., Any], backend: InferenceBackend,
 
 
 @asynccontextmanager
-async def _maybe_pool(pool: Any, config: EngineConfig, opener: Any) -> AsyncIterator[Any]:
+async def _maybe_pool(pool: EngineRewards | None, config: EngineConfig,
+                      opener: Callable[..., AbstractAsyncContextManager[Any]]) -> AsyncIterator[EngineRewards]:
     if pool is not None:
         yield pool
         return

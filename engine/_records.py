@@ -1,13 +1,14 @@
 """How episodes are recorded: ``EpisodeResult`` (one per submitted episode),
-``EngineStatistics`` (a snapshot of the engine), the queued/running ``Task``, and the
-helpers that turn an exception raised inside an episode into a failed result."""
+``EngineStatistics`` (a snapshot of the engine), the queued/running ``Task``, the
+``EngineCalls`` the executor's parts call back, and the helpers that turn an exception
+raised inside an episode into a failed result."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from tensordict import TensorDict
@@ -19,8 +20,8 @@ from .errors import FailReason, _Vocabulary, failure_reason
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["EngineStatistics", "EpisodeResult", "EpisodeStatus", "FailReason", "RejectReason", "Task", "episode_id",
-           "failed_result", "is_cancellation", "leaf_exception", "raised_at", "sample_index"]
+__all__ = ["EngineCalls", "EngineStatistics", "EpisodeResult", "EpisodeStatus", "FailReason", "RejectReason", "Submit", "Task",
+           "episode_id", "failed_result", "is_cancellation", "leaf_exception", "raised_at", "sample_index"]
 
 
 class EpisodeStatus(_Vocabulary):
@@ -118,6 +119,29 @@ class Task:
     data: Any
     should_accept_fn: Callable[..., Any] | None
     group_size: int
+
+
+class Submit(Protocol):
+    """:meth:`engine.executor.RolloutEngine.submit`'s signature."""
+
+    def __call__(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+                 should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1,
+                 task_id: int | None = None) -> int: ...
+
+
+@dataclass(frozen=True, eq=False)
+class EngineCalls:
+    """The composing engine's own operations that its parts call back: bound methods of
+    the :class:`~engine.executor.RolloutEngine`, so that a sharded engine's overrides
+    (:class:`engine.shards.ShardedRolloutEngine`: submit, dispatch, refill, take) apply."""
+
+    submit: Submit  #: queue an episode (``RolloutEngine.submit``)
+    resolve: Callable[[Any, dict[str, Any] | None], Any]  #: a workflow spec and its kwargs -> the instance (cached)
+    admit: Callable[[], None]  #: start (or dispatch) queued episodes while capacity allows
+    refill: Callable[[], None]  #: top ``prepare_batch``'s run-ahead pipeline up
+    take: Callable[[list[EpisodeResult]], list[EpisodeResult]]  #: results taken out of the buffer are consumed
+    withdraw: Callable[[set[int], str], None]  #: end the queued episodes among these ids as failed (``"cancelled"``)
+    restore: Callable[[int], None]  #: set the version after a checkpoint load (``RolloutEngine.restore``)
 
 
 def leaf_exception(exc: BaseException) -> BaseException:

@@ -11,6 +11,8 @@ from typing import Any
 
 import trio
 
+from .workflow import EpisodeEngine
+
 __all__ = ["EpisodeTiming", "EpisodeTracker"]
 
 
@@ -44,7 +46,7 @@ class _Live:
 class _EngineView:
     """The engine as a tracked episode sees it: ``agenerate`` counts tokens."""
 
-    def __init__(self, engine: Any, live: _Live) -> None:
+    def __init__(self, engine: EpisodeEngine, live: _Live) -> None:
         self._engine = engine
         self._live = live
 
@@ -73,7 +75,7 @@ class _TrackedWorkflow:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def arun_episode(self, engine: Any, data: Any) -> Any:
+    async def arun_episode(self, engine: EpisodeEngine, data: Any) -> Any:
         from .context import episode_id
 
         task_id = episode_id.get()

@@ -8,8 +8,9 @@ consumer takes results out.  A result larger than the whole capacity is let in
 when the buffer is empty, so a big group can never deadlock.
 
 The staleness policy (what to do with a trajectory whose oldest generated token
-is more than ``eta`` versions behind) lives in the executor, which checks it on
-deposit and again when results are taken out.
+is more than ``eta`` versions behind) lives in the executor's admission part
+(:mod:`engine._admission`), which checks each result before it is deposited and the
+buffered ones again at each version change.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class ResultBuffer:
         while not self.has_room_for(rows):
             await self._space.park()
         self._put_now(result, rows)
+
+    def deposit(self, result: Any) -> None:
+        """Deposit ``result`` now, even past the capacity (sync: an episode that was
+        cancelled, or ended without running, is never held back)."""
+        self._put_now(result, self._rows(result))
 
     def _put_now(self, result: Any, rows: int) -> None:
         self._items[result.task_id] = result

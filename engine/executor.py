@@ -23,38 +23,48 @@ Contract names and semantics follow AReaL's ``WorkflowExecutor``
   ordered by sample index; every trajectory carries ``group_id`` and
   ``group_size`` so partial groups cannot corrupt GRPO (AReaL issue #1419).
 * ``set_version`` wakes admission at once (a latent hang in AReaL).
+
+:class:`RolloutEngine` composes its parts, each owning its state and handed the typed
+parts it needs: the ledger (:mod:`engine._ledger`: counts, reasons, task ids),
+admission (:mod:`engine._admission`: queue, running episodes, staleness, version,
+pause), the result buffer (:mod:`engine.buffer`), the episodes (:mod:`engine._episode`),
+the batch calls and ``prepare_batch``'s run-ahead (:mod:`engine._batches`) and the
+checkpoint codec (:mod:`engine._checkpoint`); they call the engine back through
+:class:`~engine._records.EngineCalls`.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import trio
 from tensordict import TensorDict
 
-from ._gc import gc_tuned
+from ._admission import Admission
+from ._batches import BatchPipeline
 from ._breaker import FailureBreaker, FailureLog
+from ._checkpoint import EngineCheckpoint
+from ._collated import ITEMS_FIX, check_item
+from ._config import EngineConfig
+from ._episode import Episodes
+from ._gc import gc_tuned
+from ._generate import generate
+from ._ledger import Ledger
+from ._lifecycle import open_services
+from ._records import (EngineCalls, EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id,
+                       is_cancellation, sample_index)
 from .backends.base import InferenceBackend, WeightSync
 from .buffer import ResultBuffer
 from .datastream import DataStream
 from .dump import TrajectoryDumper
-from .errors import BackendError, EpisodeFailuresError, unwrap_single
-from ._config import EngineConfig
-from ._episode import check_staleness, episode_result
-from . import _batches
-from ._collated import ITEMS_FIX, check_item
-from ._feeder import Feeder, feeder_for, refill
-from ._generate import generate
-from ._lifecycle import open_engine
-from ._records import EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id, is_cancellation, sample_index
-from .staleness import StalenessManager
+from .errors import BackendError, unwrap_single
 from .types import ModelRequest, ModelResponse
+from .workflow import EngineRewards, EpisodeEngine
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -76,38 +86,27 @@ class RolloutEngine:
     """Created by :func:`open_rollout_engine`; do not instantiate directly."""
 
     def __init__(self, nursery: trio.Nursery, backend: InferenceBackend,
-                 reward_pool: Any, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
-        self._nursery = nursery
+                 reward_pool: EngineRewards | None, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
         self._dumper = dumper
         self.backend = backend
-        self._version = backend.version  # the engine owns it from here on (set_version)
         self.reward_pool = reward_pool
         self.config = config
-        self._staleness = StalenessManager(config.max_concurrent_rollouts, config.consumer_batch_size,
-                                           config.max_head_offpolicyness)
+        self._ledger = Ledger()
+        # the version: the engine's from here on (set_version)
+        self._admission = Admission(config, backend.version, self._ledger, nursery, self._run_episode)
         capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
         self._buffer = ResultBuffer(capacity)
-        self._queue: collections.deque[_Task] = collections.deque()
-        self._running: dict[int, _Task] = {}  # admitted, not ended (their data, for state_dict)
-        self._admission = trio.lowlevel.ParkingLot()
-        self._unpaused = trio.Event()
-        self._unpaused.set()
-        self._next_id = 0
-        self._live_ids: set[int] = set()  # submitted, not yet consumed
-        self._closed = False
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._rejected_by: collections.Counter[str] = collections.Counter()
-        self._failed_by: collections.Counter[str] = collections.Counter()
-        self._generated_tokens = 0
-        self._segments_resumed = 0  # generation segments re-sent after an abort
-        self._reward_fallbacks = 0  # reward calls that ended with the pool's fallback value
-        self._feeder: Feeder | None = None
-        self._restored_data_position: dict[str, Any] | None = None  # load_state_dict -> the next DataStream
         self._breaker = FailureBreaker(config.failure_breaker_consecutive, config.failure_breaker_window,
                                        config.failure_breaker_rate)
-        self._failure_log = FailureLog(logger)
-        self._retokenization_drifts = 0  # engine.chat drift events inside episodes
+        # what workflows get: inside an episode the reward pool is never None (open_rollout_engine opens one)
+        self._episodes = Episodes(cast(EpisodeEngine, self), config, self._admission, self._ledger, FailureLog(logger))
         self._workflows: dict[tuple[Any, int], tuple[Any, Any]] = {}  # spec -> (kwargs, instance)
+        # the parts call back through these (bound here: a sharded engine's overrides apply)
+        self._calls = EngineCalls(submit=self.submit, resolve=self._resolve, admit=self._admit_now, refill=self._refill,
+                                  take=self._take, withdraw=self._withdraw_queued, restore=self.restore)
+        self._batches = BatchPipeline(config, self._ledger, self._admission, self._buffer, self._breaker, self._calls,
+                                      reward_pool)
+        self._checkpoint = EngineCheckpoint(config, self._ledger, self._admission, self._buffer, self._batches, self._calls)
 
     # -- generation ----------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -128,23 +127,23 @@ class RolloutEngine:
                 rules (:func:`engine.backends.base.validate_response`).
             trio.ClosedResourceError: the engine is closed.
         """
-        return await generate(self, req)  # engine._generate
+        return await generate(req, self.backend, self._admission, self._ledger)  # engine._generate
 
     # -- version, pause ------------------------------------------------------------
     @property
     def version(self) -> int:
         """The current policy version (tokens generated now are tagged with it).  The
         engine owns it; :meth:`set_version` tells the backend."""
-        return self._version
+        return self._admission.version
 
     def set_version(self, version: int) -> None:
         """Set the policy version: tells the backend (segments sent from now on carry
         it), re-checks the staleness of buffered trajectories and wakes admission, all
         at once (every version change goes through here)."""
-        self._version = version
+        self._admission.version = version
         self.backend.set_version(version)
         self._recheck_buffer()
-        self._admission.unpark_all()
+        self._admission.wake()
 
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
         """Swap the policy's weights mid-rollout (partial rollout), through the
@@ -188,10 +187,10 @@ class RolloutEngine:
         """Resume after loading a checkpoint taken at ``version``: sets the version
         and resets the staleness counter of accepted episodes to ``version * B``
         (AReaL issue #1388)."""
-        self._staleness.restore(version)
+        self._admission.staleness.restore(version)
         self.set_version(version)
 
-    # -- checkpoints (logic in engine._checkpoint) ---------------------------------------
+    # -- checkpoints (the codec: engine._checkpoint) ---------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The engine's resumable state, for a trainer's checkpoint: policy version,
         accounting, finished-but-unconsumed results (with their trajectories), and
@@ -199,9 +198,7 @@ class RolloutEngine:
         ``torch.save`` it; ``torch.load(..., weights_only=True)`` reads it back when
         the dataset items are plain too.  Sync; the engine keeps running.  Format:
         :mod:`engine._checkpoint`."""
-        from ._checkpoint import engine_state
-
-        return engine_state(self)
+        return self._checkpoint.state(self.statistics())
 
     def load_state_dict(self, state: dict[str, Any], workflow: Any = None,
                         workflow_kwargs: dict[str, Any] | None = None,
@@ -217,24 +214,20 @@ class RolloutEngine:
                 format is unknown, or it holds episodes to re-submit and
                 ``workflow`` is None.
         """
-        from ._checkpoint import load_engine_state
-
-        return load_engine_state(self, state, workflow, workflow_kwargs, should_accept_fn)
+        return self._checkpoint.load(state, workflow, workflow_kwargs, should_accept_fn)
 
     def pause(self) -> None:
         """Stop starting episodes and sending new generation segments; segments in
         flight finish."""
-        if self._unpaused.is_set():
-            self._unpaused = trio.Event()
+        self._admission.pause()
 
     def resume(self) -> None:
         """Undo :meth:`pause`."""
-        self._unpaused.set()
-        self._admission.unpark_all()
+        self._admission.resume()
 
     @property
     def paused(self) -> bool:
-        return not self._unpaused.is_set()
+        return self._admission.paused
 
     # -- submission and admission ----------------------------------------------------
     def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
@@ -260,23 +253,14 @@ class RolloutEngine:
             DatasetError: ``data`` is a batch or a message's role/content is not a str (:mod:`engine._collated`).
             trio.ClosedResourceError: the engine is closed.
         """
-        if self._closed:
+        if self._admission.closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         check_item(data, "submit: data", ITEMS_FIX)
         wf = self._resolve(workflow, workflow_kwargs)
-        if task_id is None:
-            task_id = self._next_id
-        elif task_id in self._live_ids:
-            raise ValueError(f"task_id {task_id} is already in use")
-        self._next_id = max(self._next_id, task_id + 1)
-        self._live_ids.add(task_id)
-        self._queue.append(_Task(task_id, wf, data, should_accept_fn, group_size))
-        self._counts["submitted"] += 1
-        self._counts["queued"] += 1
-        if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
-            self._admission.unpark_all()
+        task_id = self._ledger.new_task(task_id)
+        self._admission.enqueue(_Task(task_id, wf, data, should_accept_fn, group_size))
         return task_id
 
     def _resolve(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Any:
@@ -298,19 +282,10 @@ class RolloutEngine:
         """Start queued episodes whenever capacity allows (the admission actor)."""
         while True:
             self._admit_now()
-            await self._admission.park()
+            await self._admission.parked()
 
     def _admit_now(self) -> None:
-        """Start queued episodes while capacity allows (sync: called by the
-        admission actor, and by an ending episode so that its successor starts in
-        the next pass of the run queue instead of the one after)."""
-        while self._queue and not self._closed and not self.paused and self._staleness.capacity(self.version) > 0:
-            task = self._queue.popleft()
-            self._counts["queued"] -= 1
-            self._counts["running"] += 1
-            self._staleness.running += 1
-            self._running[task.task_id] = task
-            self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
+        self._admission.admit_now()  # (a sharded engine dispatches to its shards instead)
 
     # -- one episode -------------------------------------------------------------------
     async def _run_episode(self, task: _Task) -> None:
@@ -318,7 +293,7 @@ class RolloutEngine:
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:
-            result = self._check_staleness(await self._episode_result(task))
+            result = self._admission.check_staleness(await self._episodes.result(task))
             object.__setattr__(result, "elapsed_s", trio.current_time() - start)  # a new record, not shared yet
             await self._buffer.put(result)  # backpressure: wait for room
         except BaseException as exc:
@@ -328,16 +303,10 @@ class RolloutEngine:
                 result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
                                        error_message="the episode was cancelled", data=task.data,
                                        elapsed_s=trio.current_time() - start)
-            self._buffer._put_now(result, ResultBuffer._rows(result))
+            self._buffer.deposit(result)
             self._ended(result, was_running=True)
             raise
         self._ended(result, was_running=True)
-
-    def _episode_result(self, task: _Task) -> Awaitable[EpisodeResult]:
-        return episode_result(self, task)  # the coroutine itself: no extra frame per episode
-
-    def _check_staleness(self, result: EpisodeResult) -> EpisodeResult:
-        return check_staleness(self, result)
 
     def _recheck_buffer(self) -> None:
         """After a version change: drop or flag trajectories that turned stale."""
@@ -346,54 +315,30 @@ class RolloutEngine:
         for result in self._buffer.results():
             if result.trajectory is None:
                 continue
-            checked = self._check_staleness(result)
+            checked = self._admission.check_staleness(result)
             if checked.status != result.status:  # accepted -> rejected (stale)
                 self._buffer.replace(result.task_id, checked)
-                self._reclassify(result, checked)
+                self._admission.reclassified(result, checked)
 
     # -- accounting ------------------------------------------------------------------------
     def _ended(self, result: EpisodeResult, *, was_running: bool) -> None:
-        self._counts["running" if was_running else "queued"] -= 1
-        if was_running:
-            self._staleness.running -= 1
-            del self._running[result.task_id]
-        self._count_end(result, +1)
+        self._admission.ended(result, was_running=was_running)
         self._breaker.record(result)
-        if self._feeder is not None:
-            self._feeder.inflight.discard(result.task_id)
+        if self._batches.ended(result.task_id):
             self._refill()
         self._admit_now()  # here, not via the admission actor: the successor starts one run-queue pass sooner
         if self._dumper is not None and result.status == EpisodeStatus.ACCEPTED:
             self._dumper.record(result, self.version)
 
-    def _count_end(self, result: EpisodeResult, sign: int) -> None:
-        self._counts[result.status] += sign
-        if result.status == EpisodeStatus.ACCEPTED:
-            self._staleness.accepted += sign
-        elif result.status == EpisodeStatus.REJECTED:
-            self._rejected_by[result.reason or "unknown"] += sign
-        else:
-            self._failed_by[result.reason or "unknown"] += sign
-
-    def _reclassify(self, old: EpisodeResult, new: EpisodeResult) -> None:
-        self._count_end(old, -1)
-        self._count_end(new, +1)
-        self._admission.unpark_all()
-
     # -- results -----------------------------------------------------------------------------
     def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
-        for r in results:
-            self._live_ids.discard(r.task_id)
-        return results
+        return self._ledger.consumed(results)
 
     async def _wait_for(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await self._buffer.wait_until(predicate)
         if not predicate():
-            raise TimeoutError(f"{what} within {timeout} s{self._why_waiting()}")
-
-    def _why_waiting(self) -> str:
-        return _batches.why_waiting(self)
+            raise TimeoutError(f"{what} within {timeout} s{self._admission.why_waiting()}")
 
     async def wait_results(self, count: int, timeout: float | None = None) -> list[EpisodeResult]:
         """Wait until ``count`` episodes have ended (accepted or not) and take their
@@ -405,8 +350,8 @@ class RolloutEngine:
         """
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        if count > len(self._live_ids):
-            raise ValueError(f"count={count} but only {len(self._live_ids)} episodes are pending or unconsumed")
+        if count > len(self._ledger.live_ids):
+            raise ValueError(f"count={count} but only {len(self._ledger.live_ids)} episodes are pending or unconsumed")
         await self._wait_for(lambda: len(self._buffer) >= count, timeout,
                              f"fewer than {count} episodes ended")
         return self._take([self._buffer.pop_oldest() for _ in range(count)])
@@ -425,7 +370,7 @@ class RolloutEngine:
             ValueError: ``task_id`` is unknown or was already consumed.
             TimeoutError: ``timeout`` seconds passed first (the record stays).
         """
-        if task_id not in self._live_ids:
+        if task_id not in self._ledger.live_ids:
             raise ValueError(f"task_id {task_id} is unknown or already consumed")
         await self._wait_for(lambda: task_id in self._buffer, timeout, f"task {task_id} did not end")
         return self._take([self._buffer.pop(task_id)])[0]
@@ -441,7 +386,7 @@ class RolloutEngine:
                 episodes not yet started end as failed (``"cancelled"``); raised once the running ones ended.
             DatasetError: ``items`` is a dict or a string, or an item is a batch (as :meth:`submit`).
         """
-        return await _batches.rollout_batch(self, items, workflow, workflow_kwargs, should_accept_fn, group_size)
+        return await self._batches.rollout_batch(items, workflow, workflow_kwargs, should_accept_fn, group_size)
 
     async def prepare_batch(self, dataloader: Iterable[Any] | DataStream, workflow: Any,
                             workflow_kwargs: dict[str, Any] | None = None,
@@ -484,37 +429,21 @@ class RolloutEngine:
                 batch as an item, is a torch ``DataLoader`` with the default
                 collate, or is a different object than the one the engine streams from.
         """
-        return await _batches.prepare_batch(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size,
+        return await self._batches.prepare_batch(dataloader, workflow, workflow_kwargs, should_accept_fn, group_size,
                                    dynamic_bs, timeout)
 
     @property
     def data_stream(self) -> DataStream | None:
         """The :class:`~engine.datastream.DataStream` that ``prepare_batch`` reads, or ``None``."""
-        return self._feeder.stream if self._feeder is not None else None
+        return self._batches.stream
 
     def reset_data_stream(self) -> None:
         """Forget ``prepare_batch``'s dataloader, so the next call may pass another one.
         Episodes already submitted from the old one still run and are returned."""
-        self._feeder = None
-
-    def _feeder_for(self, dataloader: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None,
-                    should_accept_fn: Callable[..., Any] | None, group_size: int) -> Feeder:
-        return feeder_for(self, dataloader, workflow, workflow_kwargs, should_accept_fn, group_size)
+        self._batches.feeder = None
 
     def _refill(self) -> None:
-        refill(self)
-
-    def _raise_feeder_error(self, feeder: Feeder) -> None:
-        if feeder.error is not None:
-            exc, feeder.error = feeder.error, None
-            raise exc
-
-    def _raise_breaker(self, where: str) -> None:
-        trip = self._breaker.trip
-        assert trip is not None  # called only while the breaker is open
-        self._breaker.reported = True  # stays open: nothing is submitted until the caller calls again
-        raise EpisodeFailuresError(
-            f"{where}: stopped submitting: {trip.describe()}; fix the cause and call {where} again", trip)
+        self._batches.refill()  # (a sharded engine stops refilling once every shard died)
 
     def longest_running(self, top: int) -> tuple[Any, ...] | None:
         """None: one engine does not time its episodes (``RunMonitor.track`` does); a
@@ -523,49 +452,42 @@ class RolloutEngine:
 
     def statistics(self) -> EngineStatistics:
         """A frozen snapshot; sync and cheap."""
-        c = self._counts
+        ledger = self._ledger
+        c = ledger.counts
         return EngineStatistics(
             submitted=c["submitted"], queued=c["queued"], running=c["running"], accepted=c["accepted"],
             rejected=c["rejected"], failed=c["failed"],
-            rejected_by_reason={k: v for k, v in self._rejected_by.items() if v},
-            failed_by_reason={k: v for k, v in self._failed_by.items() if v},
+            rejected_by_reason={k: v for k, v in ledger.rejected_by.items() if v},
+            failed_by_reason={k: v for k, v in ledger.failed_by.items() if v},
             results_waiting=len(self._buffer), buffer_size=self._buffer.rows, buffer_peak=self._buffer.peak_rows,
-            buffer_capacity=self._buffer.capacity, capacity=self._staleness.capacity(self.version), version=self.version,
-            paused=self.paused, generated_tokens=self._generated_tokens,
-            segments_resumed=self._segments_resumed, reward_fallbacks=self._reward_fallbacks, backend=self.backend.statistics(),
+            buffer_capacity=self._buffer.capacity, capacity=self._admission.staleness.capacity(self.version), version=self.version,
+            paused=self.paused, generated_tokens=ledger.generated_tokens,
+            segments_resumed=ledger.segments_resumed, reward_fallbacks=ledger.reward_fallbacks, backend=self.backend.statistics(),
             rewards=self.reward_pool.statistics() if self.reward_pool is not None else None,
             breaker_open=self._breaker.open, breaker_trips=self._breaker.trips,
-            data_position=self._feeder.stream.state_dict() if self._feeder is not None else None,
-            retokenization_drifts=self._retokenization_drifts,
+            data_position=self._batches.position(),
+            retokenization_drifts=ledger.retokenization_drifts,
         )
 
     def _withdraw_queued(self, task_ids: set[int], why: str) -> None:
         """End the queued (not yet started) episodes among ``task_ids`` as failed (``"cancelled"``)."""
-        keep: collections.deque[_Task] = collections.deque()
-        withdrawn: list[_Task] = []
-        for task in self._queue:
-            (withdrawn if task.task_id in task_ids else keep).append(task)
-        self._queue = keep
-        for task in withdrawn:
-            result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
-                                   error_message=why, data=task.data)
-            self._buffer._put_now(result, 0)
-            self._ended(result, was_running=False)
+        self._end_unstarted(self._admission.withdraw(task_ids), why)
 
     def _close(self) -> None:
         """Mark closed; episodes never admitted end as failed (``"cancelled"``)."""
-        self._closed = True
-        while self._queue:
-            task = self._queue.popleft()
+        self._end_unstarted(self._admission.close(), "the engine closed before the episode started")
+
+    def _end_unstarted(self, tasks: list[_Task], why: str) -> None:
+        for task in tasks:
             result = EpisodeResult(task.task_id, EpisodeStatus.FAILED, reason=FailReason.CANCELLED, error_type="Cancelled",
-                                   error_message="the engine closed before the episode started", data=task.data)
-            self._buffer._put_now(result, 0)
+                                   error_message=why, data=task.data)
+            self._buffer.deposit(result)
             self._ended(result, was_running=False)
 
 
 @asynccontextmanager
 async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | None = None, *,
-                              reward_pool: Any = None, tokenizer: Any = None) -> AsyncIterator[RolloutEngine]:
+                              reward_pool: EngineRewards | None = None, tokenizer: Any = None) -> AsyncIterator[RolloutEngine]:
     """Open an engine: the backend (:meth:`InferenceBackend.open`), the admission actor, the reward worker
     pool, the dump writer and every episode task live in this scope.  Leaving it
     cancels episodes still running or queued (recorded as failed, reason
@@ -589,8 +511,13 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
     try:
         with gc_tuned(config.gc_tuning):
-            async with open_engine(RolloutEngine, backend, config, reward_pool, dumper) as engine:
-                yield engine
+            async with open_services(backend, config, reward_pool, dumper) as (nursery, pool):
+                engine = RolloutEngine(nursery, backend, pool, config, dumper)
+                nursery.start_soon(engine._admit_forever, name="admission")
+                try:
+                    yield engine
+                finally:
+                    engine._close()  # then the episodes' nursery is cancelled
     except BaseExceptionGroup as group:
         single = unwrap_single(group)
         if single is group:

@@ -29,6 +29,7 @@ import trio
 from .backends.base import InferenceBackend
 from .executor import EngineConfig, EngineStatistics, EpisodeResult, open_rollout_engine
 from .types import ModelRequest, ModelResponse
+from .workflow import EngineRewards
 
 __all__ = ["RolloutEngineThread"]
 
@@ -46,7 +47,7 @@ class RolloutEngineThread:
     """
 
     def __init__(self, backend: InferenceBackend, config: EngineConfig | None = None, *,
-                 reward_pool: Any = None, start_timeout_s: float = 600.0) -> None:
+                 reward_pool: EngineRewards | None = None, start_timeout_s: float = 600.0) -> None:
         self._backend, self._config, self._pool = backend, config, reward_pool
         self._start_timeout_s = start_timeout_s
         self._ready = threading.Event()

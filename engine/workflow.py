@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from engine.types import ModelRequest, ModelResponse
 
-__all__ = ["EpisodeEngine", "EpisodeRewards", "RolloutWorkflow", "resolve_workflow"]
+__all__ = ["EngineRewards", "EpisodeEngine", "EpisodeRewards", "RolloutWorkflow", "resolve_workflow"]
 
 
 class EpisodeRewards(Protocol):
@@ -31,6 +31,17 @@ class EpisodeRewards(Protocol):
         """``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)`` under the
         pool's timeout and retry policy: its :class:`rewards.RewardOutcome` (``reward``
         float, ``is_fallback`` bool).  Raises :class:`~engine.errors.RewardError`."""
+        ...
+
+
+class EngineRewards(EpisodeRewards, Protocol):
+    """What the engine asks of its reward pool (``open_rollout_engine(reward_pool=)``): what
+    an episode may call (:class:`EpisodeRewards`), and a sync ``statistics()`` snapshot the
+    engine reports as ``EngineStatistics.rewards`` (a :class:`rewards.RewardPoolStatistics`
+    for the engine's own pools)."""
+
+    def statistics(self) -> Any:
+        """A snapshot of the pool, sync and cheap."""
         ...
 
 

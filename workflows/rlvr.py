@@ -186,7 +186,7 @@ class RLVRWorkflow(RolloutWorkflow):
         if n == 1:  # no child nursery, task, closure or helper frame for the common case
             resp = await engine.agenerate(self._request(prompt.ids, 0))
             scoring = self._reward(engine, resp, data, prompt)
-            del prompt  # not kept alive while the reward runs (see engine._episode._member)
+            del prompt  # not kept alive while the reward runs (see engine._episode.Episodes._member)
             scored = await scoring
             return trajectory_from_response(resp, scored.reward, reward_is_fallback=scored.is_fallback)
         return await self._samples(engine, data, prompt, n)

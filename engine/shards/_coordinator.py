@@ -167,9 +167,7 @@ class ShardedRolloutEngine(RolloutEngine):
             WorkflowError: ``workflow`` or ``should_accept_fn`` cannot be pickled.
             Either before anything is loaded.
         """
-        from .._checkpoint import check_loadable
-
-        check_loadable(self, state, workflow)
+        self._checkpoint.check_loadable(state, workflow)
         if state["pending"]:  # what submit would refuse, before the state is half-loaded
             self._spec_key(self._resolve(workflow, workflow_kwargs), should_accept_fn)
             for p in state["pending"]:
@@ -188,7 +186,7 @@ class ShardedRolloutEngine(RolloutEngine):
         and :class:`ShardsDiedError` (no shard is alive)."""
         if self._dead_error is not None:
             raise self._dead_error
-        if self._closed:
+        if self._admission.closed:
             raise trio.ClosedResourceError("the rollout engine is closed")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -199,18 +197,9 @@ class ShardedRolloutEngine(RolloutEngine):
         except Exception as exc:
             raise ValueError(f"submit: data ({type(data).__name__}) cannot be pickled, and a sharded engine sends "
                              f"each item to a shard process: {exc}") from exc
-        if task_id is None:
-            task_id = self._next_id
-        elif task_id in self._live_ids:
-            raise ValueError(f"task_id {task_id} is already in use")
-        self._next_id = max(self._next_id, task_id + 1)
-        self._live_ids.add(task_id)
+        task_id = self._ledger.new_task(task_id)
         self._blobs[task_id] = blob
-        self._queue.append(_task(task_id, key, data, group_size))
-        self._counts["submitted"] += 1
-        self._counts["queued"] += 1
-        if self._admission:  # the admission actor is parked (else it runs anyway: no list per submit)
-            self._admission.unpark_all()
+        self._admission.enqueue(_task(task_id, key, data, group_size))
         return task_id
 
     def _spec_key(self, workflow: Any, should_accept_fn: Any) -> int:
@@ -240,17 +229,14 @@ class ShardedRolloutEngine(RolloutEngine):
         if self._holding_admission:
             return
         touched = []
-        staleness, buffer, log, queue = self._staleness, self._buffer, self.admission_log, self._queue
-        if not (queue and not self._closed and self._live and self._unpaused.is_set()
+        admission, buffer, log = self._admission, self._buffer, self.admission_log
+        staleness, queue = admission.staleness, admission.queue
+        if not (queue and not admission.closed and self._live and admission.unpaused.is_set()
                 and buffer.rows < buffer.capacity):
             return
         # each admission lowers both terms of the capacity by one (running += 1): computed once per pass
-        for _ in range(min(len(queue), staleness.capacity(self._version))):
-            task = queue.popleft()
-            self._counts["queued"] -= 1
-            self._counts["running"] += 1
-            staleness.running += 1
-            self._running[task.task_id] = task
+        for _ in range(min(len(queue), staleness.capacity(admission.version))):
+            task = admission.admit_next()
             shard = min(self._live, key=lambda s: len(s.inflight))
             shard.inflight[task.task_id] = task
             shard.admitted += 1
@@ -262,7 +248,7 @@ class ShardedRolloutEngine(RolloutEngine):
                 touched.append(shard)
             shard.submits.append((task.task_id, key, task.group_size, self._blobs[task.task_id]))
             if log is not None:
-                log.append(AdmissionRecord(task.task_id, shard.index, self._version, staleness.accepted,
+                log.append(AdmissionRecord(task.task_id, shard.index, admission.version, staleness.accepted,
                                            tuple(len(s.inflight) for s in self._shards)))
         for shard in touched:
             shard.post(("submit", shard.submits))
@@ -281,8 +267,8 @@ class ShardedRolloutEngine(RolloutEngine):
 
     def _take(self, results: list[EpisodeResult]) -> list[EpisodeResult]:
         taken = super()._take(results)
-        if self._queue:  # room in the buffer again: admission may have waited for it
-            self._admission.unpark_all()
+        if self._admission.queue:  # room in the buffer again: admission may have waited for it
+            self._admission.wake()
         return taken
 
     def _refill(self) -> None:
@@ -387,8 +373,7 @@ class ShardedRolloutEngine(RolloutEngine):
         snapshot's totals and its gauges at 0 (nothing runs there:
         :data:`~engine.shards._statistics.GAUGES`)."""
         base = super().statistics()
-        restored = (self._generated_tokens, self._segments_resumed, self._reward_fallbacks,
-                    self._retokenization_drifts)  # (0, or what load_state_dict restored)
+        restored = self._ledger.counters()  # (0, or what load_state_dict restored)
         totals = [restored[i] + sum(s.counters[i] for s in self._shards) for i in range(4)]
         return replace(base, generated_tokens=totals[0], segments_resumed=totals[1], reward_fallbacks=totals[2],
                        retokenization_drifts=totals[3],
@@ -460,7 +445,7 @@ class ShardedRolloutEngine(RolloutEngine):
                     pickle.UnpicklingError) as exc:
                 why = f"its channel broke: {type(exc).__name__}: {exc}"
             nursery.cancel_scope.cancel()
-        if self._closed:
+        if self._admission.closed:
             return
         with trio.CancelScope(shield=True):
             reason = await shard.link.exit_reason()
@@ -510,12 +495,11 @@ class ShardedRolloutEngine(RolloutEngine):
                     shard.dropped += 1
                     continue
                 shard.ended += 1
-                result = self._check_staleness(EpisodeResult(
+                result = self._admission.check_staleness(EpisodeResult(
                     task_id, status, trajectory=trajectory, reason=reason, error_type=error_type,
                     error_message=error_message, member_errors=member_errors, data=task.data, elapsed_s=elapsed_s))
                 shard.by_status[result.status] += 1
-                traj = result.trajectory
-                buffer._put_now(result, 0 if traj is None else int(traj.batch_size[0]))
+                buffer.deposit(result)
                 self._ended(result, was_running=True)
         finally:
             self._holding_admission = False
@@ -544,10 +528,7 @@ class ShardedRolloutEngine(RolloutEngine):
                        "run again on the other shards" if self._live else "end as failed")
         again = []
         for task in lost:
-            del self._running[task.task_id]
-            self._counts["running"] -= 1
-            self._counts["queued"] += 1
-            self._staleness.running -= 1
+            self._admission.requeued(task)
             self._reruns[task.task_id] += 1
             if self._live and self._reruns[task.task_id] <= self._max_reruns:
                 again.append(task)
@@ -555,10 +536,9 @@ class ShardedRolloutEngine(RolloutEngine):
             else:
                 self._fail_queued(task, f"engine shard {shard.index} died ({why}) while running it"
                                   + ("" if not self._live else f", for the {self._reruns[task.task_id]}th time"))
-        self._queue.extendleft(reversed(again))
+        self._admission.queue.extendleft(reversed(again))
         if self._dead_error is not None:
-            while self._queue:
-                task = self._queue.popleft()
+            for task in self._admission.drain():
                 self._fail_queued(task, "every engine shard died before it ran")
             self._buffer.wake_consumers()
             raise self._dead_error
@@ -567,7 +547,7 @@ class ShardedRolloutEngine(RolloutEngine):
     def _fail_queued(self, task: Any, why: str) -> None:
         result = EpisodeResult(task.task_id, "failed", reason="shard_died", error_type="ShardsDiedError",
                                error_message=why, data=task.data)
-        self._buffer._put_now(result, 0)
+        self._buffer.deposit(result)
         self._ended(result, was_running=False)
 
     def _end_dispatched(self) -> None:
@@ -579,7 +559,7 @@ class ShardedRolloutEngine(RolloutEngine):
             for task in lost:
                 result = EpisodeResult(task.task_id, "failed", reason="cancelled", error_type="Cancelled",
                                        error_message="the engine closed while the episode ran", data=task.data)
-                self._buffer._put_now(result, 0)
+                self._buffer.deposit(result)
                 self._ended(result, was_running=True)
 
 

@@ -61,12 +61,6 @@ def build_backend(spec: Any) -> Any:
     raise TypeError(f"shard backend must be an InferenceBackend or a zero-argument factory, got {type(spec).__name__}")
 
 
-def _counters(engine: Any) -> tuple[int, int, int, int]:
-    """(generated tokens, segments resumed, reward fallbacks, retokenization drifts)."""
-    return (engine._generated_tokens, engine._segments_resumed, engine._reward_fallbacks,
-            engine._retokenization_drifts)
-
-
 def _picklable(obj: Any) -> bool:
     try:
         pickle.dumps(obj)
@@ -97,7 +91,7 @@ async def run_shard(channel: Channel) -> None:
             from .._tracker import EpisodeTracker
 
             tracker = EpisodeTracker()
-        buffer = engine._buffer
+        buffer, ledger = engine._buffer, engine._ledger
 
         def post(message: Any) -> None:
             outbox.append(message)
@@ -121,8 +115,8 @@ async def run_shard(channel: Channel) -> None:
                 if len(buffer):
                     results = [buffer.pop_oldest() for _ in range(len(buffer))]
                     engine._take(results)
-                    messages.append(("ended", encode_results(results), _counters(engine)))
-                    idle = not engine._counts["running"] and not engine._counts["queued"]
+                    messages.append(("ended", encode_results(results), ledger.counters()))
+                    idle = not ledger.counts["running"] and not ledger.counts["queued"]
                 now = trio.current_time()
                 if idle or closing or now - last_stats >= init.stats_interval_s:
                     last_stats = now

@@ -95,7 +95,7 @@ async def test_a_state_saved_mid_run_resumes_with_every_episode_ending_once(sour
         assert s.generated_tokens == before.generated_tokens
         invariant(s)
         # AReaL's restore (version * B) plus the accepted results put back; the capacity follows from it
-        assert engine._staleness.accepted == 1 * B + saved_accepted
+        assert engine._admission.staleness.accepted == 1 * B + saved_accepted
         assert s.capacity == staleness_capacity(max_concurrent=C, consumer_batch_size=B, max_head_offpolicyness=ETA,
                                                 version=1, running=s.running, accepted=1 * B + saved_accepted)
         rest = await _train(engine, len(saved) + len(pending))
@@ -144,7 +144,7 @@ async def test_load_state_dict_refuses_what_it_cannot_restore_before_loading_any
         with pytest.raises(ValueError, match="data of pending task 5 cannot be pickled"):
             b.load_state_dict(unpicklable, Echo())
         s = b.statistics()
-        assert (s.submitted, s.version, b._staleness.accepted, s.results_waiting) == (0, 0, 0, 0)  # nothing half-loaded
+        assert (s.submitted, s.version, b._admission.staleness.accepted, s.results_waiting) == (0, 0, 0, 0)  # nothing half-loaded
         assert b.load_state_dict(state, Echo()) == [0, 1]  # still fresh: the good state loads
         assert sorted(r.task_id for r in await b.wait_results(2)) == [0, 1]
 
@@ -166,7 +166,7 @@ async def test_two_shard_processes_save_and_resume_into_two_fresh_ones():
     pending = [p["task_id"] for p in state["pending"]]
     async with open_sharded_engine(sim(0.0), config, shards=2) as engine:
         assert engine.load_state_dict(state, Echo()) == pending
-        assert engine._staleness.accepted == 3 * 2 + sum(r["status"] == "accepted" for r in state["results"])
+        assert engine._admission.staleness.accepted == 3 * 2 + sum(r["status"] == "accepted" for r in state["results"])
         with trio.fail_after(60):
             rest = await engine.wait_results(len(state["results"]) + len(pending))
         s = engine.statistics()

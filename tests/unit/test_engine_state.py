@@ -63,7 +63,7 @@ async def test_state_dict_round_trip_resubmits_in_flight_and_keeps_unconsumed(re
         assert s.queued + s.running == len(pending) and s.results_waiting == len(saved)
         assert s.generated_tokens == before.generated_tokens
         # AReaL's restore (version * B) plus the accepted results put back
-        assert engine._staleness.accepted == 1 * 2 + sum(r["status"] == "accepted" for r in state["results"])
+        assert engine._admission.staleness.accepted == 1 * 2 + sum(r["status"] == "accepted" for r in state["results"])
         rest = await engine.wait_results(len(saved) + len(pending))
         end = engine.statistics()
     assert [r.task_id for r in rest[:len(saved)]] == saved  # unconsumed results come first, in order

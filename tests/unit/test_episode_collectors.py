@@ -1,5 +1,5 @@
 """Each episode member collects its own reward outcomes and drift events (the engine sets the
-collectors without context managers, engine._episode._member) and leaves its task's context as
+collectors without context managers, engine._episode.Episodes._member) and leaves its task's context as
 it found it: an episode started from an ended one's task (the engine admits the successor there)
 sees only its own collectors."""
 

@@ -41,7 +41,7 @@ __all__ = ["ITEMS_FIX", "ROWS_FIX", "check_item", "check_messages"]
 #: the fix for a batch that reached ``submit`` / ``rollout_batch`` as one item
 ITEMS_FIX = ("a torch DataLoader with the default collate makes one dict of a batch of rows: build it with "
              "collate_fn=lambda rows: rows and call rollout_batch(batch) (or submit each row) per batch, "
-             "or pass prepare_batch the DataLoader itself")
+             "or pass prepare_batch such a DataLoader itself")
 #: the fix for a batch met by ``prepare_batch``'s stream (it takes the loader's batches apart itself)
 ROWS_FIX = ("a torch DataLoader with the default collate makes one dict of a batch of rows: build it with "
             "collate_fn=lambda rows: rows (batches as lists of rows) or batch_size=None (one row at a time)")

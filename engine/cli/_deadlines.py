@@ -47,10 +47,12 @@ def add_deadline_arguments(run: argparse.ArgumentParser) -> None:
                             f"status {EXIT_BACKEND_UNAVAILABLE} and one line; what completed is kept and "
                             "--resume runs the rest (default 300)")
     group.add_argument("--attempt-timeout", type=_seconds, default=1800.0, metavar="SECONDS",
-                       help="--backend sglang|vllm: one generation attempt on one server (a server that accepts "
-                            "the request and never answers): it is aborted and retried, on another healthy "
+                       help="--backend sglang|vllm: one whole generation attempt on one server (a server that "
+                            "accepts the request and never answers): it is aborted and retried, on another healthy "
                             "server at once if there is one; a request whose last attempt timed out fails "
-                            "backend_timeout (default 1800)")
+                            "backend_timeout (--resume runs it again). It caps the whole generation, not the "
+                            "first token: keep it above the longest legitimate generation on a loaded server "
+                            "(default 1800)")
     group.add_argument("--episode-timeout", type=_seconds, default=None, metavar="SECONDS",
                        help="a whole episode's deadline: past it the episode is cancelled and fails "
                             "episode_timeout (default: none; every wait inside an episode has its own deadline)")
@@ -70,4 +72,4 @@ def unavailable_line(summary: dict[str, Any], out: Path) -> str:
     why = " ".join(str(failures[-1]["error_message"]).split()) if failures else "no healthy server"
     done, items = summary["items_done"], summary["items"]
     return (f"{why}; {done}/{items} items done, {items - done} left; continue with: rollout run --resume {out} "
-            "(--no-server-timeout: how long to wait for a server)")
+            "--server URL (--no-server-timeout: how long to wait for a server)")

@@ -82,7 +82,7 @@ SHARD_PREFIX, TMP_PREFIX = "shard-", ".tmp-"
 DONE_STATUSES = ("accepted", "rejected", "failed")
 #: Failure reasons of infrastructure, not of the item: committed (counted failed, with the
 #: reason) but not done, so that ``--resume`` runs the item again.
-RERUN_REASONS = ("backend_unavailable",)
+RERUN_REASONS = ("backend_unavailable", "backend_timeout")  # no server / a server that never answered
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

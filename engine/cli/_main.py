@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     out = Path(args.out)
     if summary["exit"] in ("SIGINT", "SIGTERM"):
-        print(_interrupted_line(summary, out), file=sys.stderr)
+        print(_interrupted_line(summary, out, args.backend), file=sys.stderr)
         return 130 if summary["exit"] == "SIGINT" else 143
     if summary["exit"] == "backend_unavailable":  # no server for the window: the rest runs on --resume
         print(f"{_RUN_ERROR} {unavailable_line(summary, out)}", file=sys.stderr)
@@ -149,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _interrupted_line(summary: dict[str, Any], out: Path) -> str:
+def _interrupted_line(summary: dict[str, Any], out: Path, backend: str | None = None) -> str:
     """The line an interrupted run prints: items done and left, over all its segments
-    (not ``cancelled``, which adds up the episodes every interrupted segment cancelled)."""
+    (not ``cancelled``, which adds up the episodes every interrupted segment cancelled), and
+    the resume command (a remote run's server URLs are not saved: they are passed again)."""
     done, items = summary["items_done"], summary["items"]
+    server = " --server URL" if backend in ("sglang", "vllm") else ""
     return (f"rollout: interrupted by {summary['exit']}: {done}/{items} items done, {items - done} left "
-            f"(cancelled or not started); continue with: rollout run --resume {out}")
+            f"(cancelled or not started); continue with: rollout run --resume {out}{server}")
 
 
 def _done_line(summary: dict[str, Any]) -> str:

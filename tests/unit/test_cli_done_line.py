@@ -49,3 +49,28 @@ def test_the_interrupt_line_counts_the_items_left_not_the_episodes_cancelled_ove
     line = _interrupted_line(summary, Path("h2"))
     assert line == ("rollout: interrupted by SIGINT: 31/80 items done, 49 left (cancelled or not started); "
                     "continue with: rollout run --resume h2")
+
+
+def test_the_resume_hint_of_a_remote_run_names_the_server_option() -> None:
+    """Regression (new-user trial): after SIGINT or exit 75 of a ``--backend sglang`` run the
+    printed ``rollout run --resume OUT`` failed with exit 2 ("pass its --server URL(s) again"):
+    server URLs are not saved, so the hint must say to pass them."""
+    from pathlib import Path
+
+    from engine.cli._deadlines import unavailable_line
+    from engine.cli._main import _interrupted_line
+
+    summary = {"exit": "SIGINT", "items": 8, "items_done": 3, "failures": []}
+    assert _interrupted_line(summary, Path("r"), "sglang").endswith("continue with: rollout run --resume r --server URL")
+    assert _interrupted_line(summary, Path("r"), "hf").endswith("continue with: rollout run --resume r")
+    line = unavailable_line({**summary, "exit": "backend_unavailable"}, Path("r"))
+    assert "continue with: rollout run --resume r --server URL " in line
+
+
+def test_backend_timeout_failures_run_again_on_resume() -> None:
+    """Regression (new-user trial): items that failed ``backend_timeout`` (a server that
+    accepted and never answered) were done, so a hung-server run could not be finished with
+    ``--resume`` ("nothing to resume"); like ``backend_unavailable`` they are infrastructure."""
+    from engine.cli._journal import RERUN_REASONS
+
+    assert {"backend_unavailable", "backend_timeout"} <= set(RERUN_REASONS)

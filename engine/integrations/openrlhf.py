@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..lazy import lazy_exports
 from ._openrlhf_params import CompletionOutput, Logprob, RequestOutput, SamplingParams, request_output, to_gconfig
 from ._openrlhf_weights import WeightReceiver
 
@@ -383,5 +384,7 @@ def _versions(row: dict[str, Any], record: list[list[int]]) -> list[int] | None:
     return out
 
 
-# the Ray plug-in (imports Ray only when called); at the end: it imports the names above
-from ._openrlhf_ray import OpenRLHFRayOptions, TrioRolloutActor, create_engines, install  # noqa: E402
+# the Ray plug-in, resolved on first access (its module imports this one; Ray only when called)
+_LAZY = {name: "engine.integrations._openrlhf_ray"
+         for name in ("OpenRLHFRayOptions", "TrioRolloutActor", "create_engines", "install")}
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

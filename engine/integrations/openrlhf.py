@@ -51,7 +51,7 @@ import contextvars
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
 from ..lazy import lazy_exports
@@ -388,3 +388,6 @@ def _versions(row: dict[str, Any], record: list[list[int]]) -> list[int] | None:
 _LAZY = {name: "engine.integrations._openrlhf_ray"
          for name in ("OpenRLHFRayOptions", "TrioRolloutActor", "create_engines", "install")}
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)
+
+if TYPE_CHECKING:
+    from ._openrlhf_ray import OpenRLHFRayOptions, TrioRolloutActor, create_engines, install

@@ -253,6 +253,32 @@ async def test_update_weights_with_mismatched_weights_keeps_the_old_ones(tiny_mo
         assert engine.version == 0 and not engine.paused
 
 
+async def test_update_weights_accepts_named_parameters_of_a_tied_model(tiny_model_dir, reward_pool):
+    """Trainers that stream ``named_parameters()`` (OpenRLHF's ``broadcast_to_vllm``, verl) leave out
+    a tied alias (``lm_head.weight`` of the tiny model, tied to the embeddings): the alias shares the
+    given tensor's storage, so the weights are complete; an untied key left out is still refused."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine import BackendError
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(DEVICE)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for param in trained.parameters():
+            param.add_(0.5)
+    named = {name: param.detach().clone() for name, param in trained.named_parameters()}
+    assert "lm_head.weight" not in named and "lm_head.weight" in trained.state_dict()  # the tied alias
+    async with open_rollout_engine(HFBackend(model, tok, device=DEVICE, dtype="float32"), reward_pool=reward_pool) as engine:
+        await engine.update_weights(named, version=1)
+        assert engine.version == 1
+        assert torch.equal(model.lm_head.weight.cpu(), named["model.embed_tokens.weight"])
+        partial = {k: v for k, v in named.items() if k != "model.norm.weight"}
+        with pytest.raises(BackendError, match="model.norm.weight"):
+            await engine.update_weights(partial, version=2)
+        assert engine.version == 1
+
+
 async def test_ignore_eos_is_honoured_even_when_the_model_emits_eos(tiny, reward_pool):
     model, tok = tiny
     eos = tok.eos_token_id

@@ -175,14 +175,25 @@ class LoadedModel:
     def load_state(self, state: dict[str, Any]) -> None:
         """Copy ``state`` into the model's parameters (strict).  Blocking.
 
+        A key may be left out when it is a tied alias of a given one (same storage in the
+        model, e.g. ``lm_head.weight`` tied to the embeddings): trainers that stream
+        ``named_parameters()`` (OpenRLHF, verl) send tied weights once.
+
         Raises:
-            BackendError: missing or unexpected keys, or a shape mismatch; the old
-                weights stay.
+            BackendError: missing (untied) or unexpected keys, or a shape mismatch; the
+                old weights stay.
         """
         import torch
 
+        own = self.model.state_dict()
+        unexpected = sorted(set(state) - set(own))
+        given = {own[k].data_ptr() for k in state if k in own}
+        missing = sorted(k for k in own if k not in state and own[k].data_ptr() not in given)
+        if unexpected or missing:
+            raise BackendError(f"update_weights: the new weights do not fit the model: missing keys {missing}, "
+                               f"unexpected keys {unexpected}")
         try:
             with torch.no_grad():
-                self.model.load_state_dict(state, strict=True)
+                self.model.load_state_dict(state, strict=False)
         except (RuntimeError, KeyError) as exc:
             raise BackendError(f"update_weights: the new weights do not fit the model: {exc}") from exc

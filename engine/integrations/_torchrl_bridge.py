@@ -167,8 +167,8 @@ async def generate_rows(engine: Any, prompts: list[list[int]], gconfig: Generati
             async with trio.open_nursery() as nursery:
                 for i in range(len(prompts)):
                     nursery.start_soon(row, i)
-        except BaseExceptionGroup as group:  # the first row error, with its own type
-            raise _first(group) from None
+        except BaseExceptionGroup as group:  # the first row error, with its own type and cause
+            raise _first(group)
     responses = [r for r in out if r is not None]
     assert len(responses) == len(prompts)
     counters.rows += len(responses)
@@ -202,14 +202,17 @@ async def score_rows(engine: Any, reward_fn: Any, rows: list[tuple[tuple[Any, ..
                 for i in range(len(rows)):
                     nursery.start_soon(row, i)
         except BaseExceptionGroup as group:
-            raise _first(group) from None
+            raise _first(group)
     return out
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf error of ``group`` (a row's), its own ``__cause__`` kept; the group is
+    not shown as its context."""
     exc: BaseException = group
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
+    exc.__suppress_context__ = True
     return exc
 
 

@@ -13,16 +13,20 @@ to the version that bump produces, so the ``policy_version`` torchrl writes into
 and the per-token versions the engine writes agree.
 
 torchrl marks ``WeightUpdaterBase`` deprecated (a ``DeprecationWarning`` when a subclass is
-defined, shown only to ``__main__`` by Python's default filters, and one when an updater is
-passed to a collector); :func:`install_weight_updater` sets it on the collector directly,
-which is what :class:`~engine.integrations.torchrl.EngineWrapper` does when torchrl's
-``LLMCollector`` registers itself with the policy.
+defined, and one when an updater is passed to ``LLMCollector(weight_updater=...)``), yet it
+is the only weight hook ``LLMCollector`` 0.14.1 has.  So :class:`EngineWeightUpdater` is a
+registered virtual subclass (no warning at import), and :func:`install_weight_updater` sets
+it on the collector directly (no warning at construction): that is what
+:class:`~engine.integrations.torchrl.EngineWrapper` does when torchrl's ``LLMCollector``
+registers itself with the policy.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +42,7 @@ __all__ = ["EngineWeightUpdater", "install_weight_updater", "state_dict_of"]
 logger = logging.getLogger(f"rollout.{__name__}")
 
 
-class EngineWeightUpdater(WeightUpdaterBase):
+class EngineWeightUpdater:
     """Pushes the trainer's weights to a trio-rollout engine (``engine.update_weights``).
 
     ``collector.update_policy_weights_(w)`` with ``w`` one of: the trainer's model
@@ -53,12 +57,17 @@ class EngineWeightUpdater(WeightUpdaterBase):
     ``engine.update_weights`` (in-flight generations are aborted and resumed on the new
     weights: their tokens carry both versions).
 
+    It is a ``torchrl.collectors.WeightUpdaterBase`` by registration (``isinstance`` holds;
+    defining a subclass would raise torchrl's deprecation warning at import) and implements
+    the part of that interface the collectors call: ``register_collector``, ``collector``,
+    ``__call__`` / ``push_weights``, ``register_post_hook``, ``init``, ``increment_version``.
+
     Args:
         engine: a :class:`engine.RolloutEngineThread` or a trio-native engine.
         source: the default weights (``update_policy_weights_()`` without arguments).
 
     Raises (from an update):
-        InvalidRequestError: no weights given and no ``source``; an unknown weights type.
+        InvalidRequestError: no weights given and no ``source``; a type that holds no weights.
         BackendError: the backend refused the weights (old weights and version stay).
     """
 
@@ -66,22 +75,58 @@ class EngineWeightUpdater(WeightUpdaterBase):
         self.engine = engine
         self.source = source
         self._bridge = Bridge(engine)
+        self._collectors: list[weakref.ReferenceType[Any]] = []
+        self.post_hooks: list[Callable[[], Any]] = []
         self.updates = 0
 
-    def _get_server_weights(self) -> Any:
-        if self.source is None:
-            raise InvalidRequestError("update_policy_weights_() without weights: pass the trainer's model or its "
-                                      "state dict, or build EngineWeightUpdater(engine, source=model)")
-        return self.source
+    # -- torchrl's WeightUpdaterBase interface ----------------------------------------------
+    def register_collector(self, collector: Any) -> None:
+        """Keep a weak reference to ``collector`` (called by its ``weight_updater`` setter)."""
+        self._collectors.append(weakref.ref(collector))
 
-    def _maybe_map_weights(self, policy_or_weights: Any) -> Any:
-        return state_dict_of(policy_or_weights)
+    @property
+    def collector(self) -> Any:
+        """The registered collector (None if none, or gone)."""
+        if len(self._collectors) > 1:
+            raise ValueError("EngineWeightUpdater: cannot access `collector` with multiple collectors")
+        return self._collectors[0]() if self._collectors else None
 
-    def _sync_weights_with_worker(self, *, worker_id: Any = None, server_weights: Any) -> None:
+    def init(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to set up (torchrl calls it when the collector starts)."""
+
+    def register_post_hook(self, hook: Callable[[], Any]) -> None:
+        """Call ``hook()`` after each update."""
+        self.post_hooks.append(hook)
+
+    def increment_version(self) -> None:
+        """Bump the policy version of every registered collector (torchrl's helper)."""
+        for ref in self._collectors:
+            collector = ref()
+            if collector is not None:
+                collector.increment_version()
+
+    def __call__(self, policy_or_weights: Any = None, worker_ids: Any = None, **kwargs: Any) -> None:
+        self.push_weights(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
+
+    def push_weights(self, policy_or_weights: Any = None, worker_ids: Any = None) -> None:
+        """Load ``policy_or_weights`` (or ``source``) into the engine as the next version.
+
+        ``worker_ids`` must be None (one engine)."""
+        if worker_ids is not None:
+            raise InvalidRequestError(f"update_policy_weights_(worker_ids={worker_ids!r}): the engine is one "
+                                      "worker; call it without worker_ids")
+        if policy_or_weights is None:
+            if self.source is None:
+                raise InvalidRequestError("update_policy_weights_() without weights: pass the trainer's model or "
+                                          "its state dict, or build EngineWeightUpdater(engine, source=model)")
+            policy_or_weights = self.source
+        weights = state_dict_of(policy_or_weights)
         version = self._next_version()
-        self._bridge.run(_update, server_weights, version)
+        self._bridge.run(_update, weights, version)
         self.updates += 1
         logger.info("torchrl: weights pushed to the engine as version %s", version)
+        for hook in self.post_hooks:
+            hook()
 
     def _next_version(self) -> int:
         collector = self.collector
@@ -90,8 +135,8 @@ class EngineWeightUpdater(WeightUpdaterBase):
             return tracked + 1
         return self._bridge.version + 1
 
-    def all_worker_ids(self) -> None:
-        return None
+
+WeightUpdaterBase.register(EngineWeightUpdater)
 
 
 async def _update(engine: Any, source: Any, version: int) -> None:

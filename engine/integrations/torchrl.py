@@ -46,9 +46,14 @@ in flight comes from a bigger env batch (or torchrl's ``AsyncEnvPool`` with
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._torchrl_bridge import TorchRLConfig, gconfig_from_generate_kwargs
+
+if TYPE_CHECKING:  # loaded lazily (they import torchrl): see __getattr__
+    from ._torchrl_reward import EngineReward, EngineRewardStatistics
+    from ._torchrl_weights import EngineWeightUpdater
+    from ._torchrl_wrapper import EngineWrapper, EngineWrapperStatistics
 
 __all__ = ["EngineReward", "EngineRewardStatistics", "EngineWeightUpdater", "EngineWrapper",
            "EngineWrapperStatistics", "TORCHRL_VERSION", "TorchRLConfig", "gconfig_from_generate_kwargs"]

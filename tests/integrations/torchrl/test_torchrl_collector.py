@@ -217,32 +217,39 @@ def _plain(v):
 
 
 # -- multi-turn ChatEnv, rewards in the engine's pool -----------------------------------------------
-def query_reward(prompt, completions, prompt_ids, completion_ids, query, **data):
-    """Depends on the row's own query and completion: a misaligned row would show."""
-    return float(sum(query.encode()) % 97 + len(completion_ids))
+def answer_reward(prompt, completions, prompt_ids, completion_ids, answer, **data):
+    """Depends on the row's own dataset ``answer`` and completion: a misaligned row would show."""
+    return float(int(answer) * 100 + len(completion_ids))
+
+
+def qa_loader(n=32):
+    """A dataset of ``{"query", "answer"}`` rows (torch's default collate: torchrl's
+    DataLoadingPrimer carries every column into the env's tensordict)."""
+    rows = [{"query": f"question {i}?", "answer": str(i)} for i in range(n)]
+    return torch.utils.data.DataLoader(rows, batch_size=B, shuffle=False)
 
 
 def test_multi_turn_chat_env_with_engine_reward(engine, tok, model):
     turns = 3
     policy = EngineWrapper(engine, tokenizer=tok, generate_kwargs={"max_new_tokens": 6})
-    reward = EngineReward(engine, query_reward, data_keys=["query"])
-    env = chat_env().append_transform(StepCounter(max_steps=turns)).append_transform(reward)
+    reward = EngineReward(engine, answer_reward, data_keys=["answer"])
+    env = ChatEnv.from_dataloader(dataloader=qa_loader(), batch_size=B, group_repeats=True)
+    env = env.append_transform(StepCounter(max_steps=turns)).append_transform(reward)
     collector = LLMCollector(env=env, policy=policy, dialog_turns_per_batch=B * turns, total_dialog_turns=B * turns,
                              yield_completed_trajectories=True)
     data = torch.cat(list(collector))
     assert data.numel() == B * turns
-    dialogs = data.reshape(-1).unbind(0)
     by_query: dict[str, list] = {}
-    for step in dialogs:
+    for step in data.reshape(-1).unbind(0):
         by_query.setdefault(step["query"], []).append(step)
-    assert len(by_query) == B and all(len(v) == turns for v in by_query.values())
+    assert len(by_query) == B and all(len(v) == turns for v in by_query.values())  # B dialogs of 3 turns
     for query, steps in by_query.items():
         steps.sort(key=lambda s: int(s["next", "step_count"]))
         for t, step in enumerate(steps):
-            full = step["history", "full"]
-            prompt = step["history", "prompt"]
+            full, prompt = step["history", "full"], step["history", "prompt"]
             assert _plain(full.role)[-1] == "assistant" and len(_plain(full.role)) > len(_plain(prompt.role))
-            expected = query_reward(None, None, None, step["tokens", "response"].tolist(), query=query)
+            assert step["answer"] == query.split()[1].rstrip("?")
+            expected = answer_reward(None, None, None, step["tokens", "response"].tolist(), answer=step["answer"])
             assert step["next", "reward"].item() == expected and not step["next", "reward_fallback"].item()
             if t + 1 < turns:  # ChatEnv: this turn's full history is the next turn's prompt
                 assert _plain(steps[t + 1]["history", "prompt"].content) == _plain(full.content)
@@ -332,11 +339,11 @@ def test_a_row_that_keeps_failing_is_named_and_the_call_raises(engine, backend, 
 def flaky_reward_factory():
     failed = []
 
-    async def flaky(prompt, completions, prompt_ids, completion_ids, query, **data):
+    async def flaky(prompt, completions, prompt_ids, completion_ids, answer, **data):
         if not failed:  # the first call (some row's first attempt)
-            failed.append(query)
+            failed.append(answer)
             raise RuntimeError("injected: the verifier crashed once")
-        return query_reward(prompt, completions, prompt_ids, completion_ids, query=query)
+        return answer_reward(prompt, completions, prompt_ids, completion_ids, answer=answer)
 
     return flaky, failed
 
@@ -346,13 +353,14 @@ def test_rows_stay_aligned_when_a_reward_fails_once_in_the_reward_pool(tiny, tok
     backend = HFBackend(tiny, tok, device="cpu", dtype="float32")
     with RolloutEngineThread(backend, EngineConfig(reward_max_retries=1)) as engine:
         flaky, failed = flaky_reward_factory()
-        env = chat_env().append_transform(EngineReward(engine, flaky, data_keys=["query"], done_on_reward=True))
+        env = ChatEnv.from_dataloader(dataloader=qa_loader(), batch_size=B, group_repeats=True)
+        env = env.append_transform(EngineReward(engine, flaky, data_keys=["answer"], done_on_reward=True))
         collector = LLMCollector(env=env, policy=EngineWrapper(engine, tokenizer=tok, generate_kwargs=GREEDY),
                                  dialog_turns_per_batch=B, total_dialog_turns=B)
         data = next(iter(collector)).reshape(-1)
-        assert len(failed) == 1 and failed[0] in [data[i]["query"] for i in range(B)]  # it failed, was retried
+        assert len(failed) == 1 and failed[0] in [data[i]["answer"] for i in range(B)]  # it failed, was retried
         for i in range(B):
-            want = query_reward(None, None, None, data[i]["tokens", "response"].tolist(), query=data[i]["query"])
+            want = answer_reward(None, None, None, data[i]["tokens", "response"].tolist(), answer=data[i]["answer"])
             assert data[i]["next", "reward"].item() == want
         assert data["next", "done"].all()
         assert engine.statistics().rewards.calls == B

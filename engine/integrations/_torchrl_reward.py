@@ -84,7 +84,7 @@ class EngineReward(Transform):
         self.tokenizer = tokenizer
         self.config = config or TorchRLConfig()
         self._bridge = Bridge(engine)
-        self._stats = {"steps": 0, "rows": 0, "fallbacks": 0, "wait_s": 0.0}
+        self._stats: dict[str, Any] = {"steps": 0, "rows": 0, "fallbacks": 0, "wait_s": 0.0}
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         if next_tensordict.batch_dims > 1:
@@ -112,7 +112,9 @@ class EngineReward(Transform):
         self._stats["fallbacks"] += int(fallback.sum())
         return next_tensordict
 
-    def _rows(self, td: TensorDictBase, next_td: TensorDictBase) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    def _rows(self, td: Any, next_td: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """``((prompt, completions, prompt_ids, completion_ids), data)`` per row (``td``: a
+        TensorDict; ``Any`` because its ``get(..., as_list=True)`` is not in its type stubs)."""
         n = td.batch_size[0] if td.batch_dims else 1
         prompt_ids = _ids(td.get((self.tokens_key, "prompt"), None, as_list=True), n, "prompt")
         completion_ids = _ids(td.get((self.tokens_key, "response"), None, as_list=True), n, "response")

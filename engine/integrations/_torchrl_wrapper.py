@@ -258,7 +258,7 @@ class EngineWrapper(TransformersWrapper):
         return rows
 
     def _set_engine_fields(self, out: Any, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]) -> None:
-        fields = TensorDict(batch_size=out.batch_size).to_lazystack(0)
+        fields: Any = TensorDict(batch_size=out.batch_size).to_lazystack(0)  # ragged rows: set() takes lists
         if self.pad_output:
             fields.set("versions", _pad_right([r[2] for r in rows], -1))
         else:

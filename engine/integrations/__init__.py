@@ -5,6 +5,8 @@ trainer lazily (importing ``engine.integrations`` imports no trainer):
 
 * :mod:`engine.integrations.trl`: Hugging Face TRL's ``GRPOTrainer(rollout_func=...)``
   (the ``trl`` extra: ``pip install "trio-rollout[trl]"``).
+* :mod:`engine.integrations.torchrl`: torchrl's ``LLMCollector`` / ``ChatEnv`` with an
+  ``EngineWrapper`` policy (torchrl 0.14.1, in a venv of its own: it pins ``tensordict<0.15``).
 """
 
 from __future__ import annotations

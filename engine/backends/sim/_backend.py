@@ -319,6 +319,10 @@ class SimBackend(PerRequestBackend):
 
     def statistics(self) -> SimStatistics:
         model = self._model
+        try:  # the slot-seconds up to now (the model counts them up to its last event)
+            busy = model.busy_slot_s + model.occupied * max(trio.current_time() - model.t, 0.0)
+        except RuntimeError:  # outside trio.run
+            busy = model.busy_slot_s
         return SimStatistics(**self._base_stats(), errors_injected=self.errors_injected,
                              aborts_injected=self.aborts_injected, stragglers=self.stragglers,
                              image_requests=self.image_requests,
@@ -326,5 +330,5 @@ class SimBackend(PerRequestBackend):
                              sequences_queued=model.queued, sequences_decoding=model.decoding,
                              peak_running_seqs=model.peak_occupied, tokens_discarded=self.tokens_discarded,
                              requests_aborted=self.requests_aborted, preemptions=model.preemptions,
-                             busy_slot_s=model.busy_slot_s, peak_kv_tokens=round(model.peak_kv_tokens))
+                             busy_slot_s=busy, peak_kv_tokens=round(model.peak_kv_tokens))
 

@@ -97,7 +97,7 @@ class ServerModel:
 
     Counters (since construction): :attr:`busy_slot_s` (slot-seconds held),
     :attr:`decoding_seq_s` (sequence-seconds decoding), :attr:`preemptions`,
-    :attr:`peak_occupied`, :attr:`peak_kv_tokens`.
+    :attr:`peak_occupied`, :attr:`peak_kv_tokens` (tracked with a KV budget only).
     """
 
     def __init__(self, *, per_token_s: float, max_running_seqs: int | None = None,
@@ -202,11 +202,14 @@ class ServerModel:
             heapq.heappop(self._prefill)
         if self._prefill:
             t = self._prefill[0][0]
-        while self._decode and not self._live_decode(self._decode[0]):
-            heapq.heappop(self._decode)
-        if self._decode:
-            t = min(t, self.t + max(self._decode[0][0] - self.g, 0.0) * self.step_s())
-        return min(t, self._overflow_time())
+        decode = self._decode
+        while decode:  # drop entries of ended stints (inlined _live_decode: the hottest loop)
+            g_end, _, seq = decode[0]
+            if seq.state == "decode" and seq.end == g_end:
+                t = min(t, self.t + max(g_end - self.g, 0.0) * self.step_s())
+                break
+            heapq.heappop(decode)
+        return t if self.kv_budget is None else min(t, self._overflow_time())
 
     def advance(self, now: float) -> None:
         """Fire every event at or before ``now``, then move the clock to ``now``."""
@@ -225,7 +228,7 @@ class ServerModel:
                     seq = entry[2]
                     self._stop_decoding(seq)
                     self._finish(seq)
-            while self._decode_due(self._overflow_progress()):
+            while self.kv_budget is not None and self._decode_due(self._overflow_progress()):
                 self._preempt()
             self._admit()
         self._move_to(now)
@@ -249,9 +252,10 @@ class ServerModel:
             self.decoding_seq_s += self.decoding * dt
             if self.decoding and self.per_token_s > 0:
                 self.g += dt / self.step_s()
-                kv = self.kv_tokens()
-                if kv > self.peak_kv_tokens:
-                    self.peak_kv_tokens = kv
+                if self.kv_budget is not None:
+                    kv = self.kv_tokens()
+                    if kv > self.peak_kv_tokens:
+                        self.peak_kv_tokens = kv
             self.t = t
 
     def _fits(self, seq: _Seq) -> bool:
@@ -273,7 +277,8 @@ class ServerModel:
             self.occupied += 1
             self.peak_occupied = max(self.peak_occupied, self.occupied)
             self._kv_const += seq.prompt_tokens
-            self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_tokens())
+            if self.kv_budget is not None:
+                self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_tokens())
             if seq.prefill_s > 0:
                 self._prefill_kv += seq.prompt_tokens
                 seq.state = "prefill"
@@ -294,7 +299,8 @@ class ServerModel:
             return
         seq.state = "decode"
         self.decoding += 1
-        self._decoding_seqs.add(seq)
+        if self.kv_budget is not None:  # (preemption candidates)
+            self._decoding_seqs.add(seq)
         seq.g_start = self.g
         self._kv_const += -seq.rate * self.g  # prompt_tokens already counted at admission
         self._kv_rate += seq.rate
@@ -308,7 +314,7 @@ class ServerModel:
         self._decoding_seqs.discard(seq)
         self._kv_const -= seq.prompt_tokens - seq.rate * seq.g_start
         self._kv_rate -= seq.rate
-        if not self._decoding_seqs:  # no drift from float round-off across idle periods
+        if not self.decoding:  # no drift from float round-off across idle periods
             self._kv_rate = 0.0
             self._kv_const = float(self._prefill_kv)
 

@@ -18,15 +18,16 @@ The numbers chosen and what they give:
 * ``difficulty_sigma = 0.65``, ``out_len_sigma = 0.45``: log-length s.d. 0.79, an
   intra-group correlation of log-lengths of 0.65^2 / (0.65^2 + 0.45^2) = 0.68
   (Seer's observation, no number published that we could read; a free parameter
-  here), 1.5% of samples cut at the cap;
+  here), P(length > cap) = 1.2% (the reference run cuts 0.8% of its samples);
 * with 16 groups of 8 per step all running at once at a near-flat step cost, the
-  expected share of the step after 90% of its requests finished is 0.49
-  (:func:`expected_sync_tail_share`, 2000 draws; ``bench_tail.json`` reports what
-  the run measures: ``tail_share`` of the ``sync`` row).
+  expected share of the step after 90% of its requests finished is 0.48
+  (:func:`expected_sync_tail_share`, 2000 draws: 0.485); the reference run's ``sync``
+  row measures 0.483 (``tail_share``, 20 steps, prefill and queueing included).
 
 GPU: ``max_running_seqs = 128`` (one step's 16 x 8 sequences at once), 25 ms per
 decode step, +0.05% per extra running sequence (x1.06 at 128: "nearly flat"), a
-KV budget of 128 x 1024 tokens with vLLM's recompute preemption past it, 20 ms +
+KV budget of 128 x 768 tokens (a synchronous step peaks at ~80k: only more in
+flight preempts) with vLLM's recompute preemption past it, 20 ms +
 0.2 ms/token prefill, ``scheduling_policy="priority"`` (vLLM ``--scheduling-policy
 priority``: requests' ``priority`` is honoured; all-zero priorities are FCFS).
 """

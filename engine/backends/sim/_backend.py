@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from ...errors import BackendError, InvalidRequestError
-from ...types import ModelRequest, ModelResponse
+from ...types import ModelRequest, ModelResponse, StopReason
 from ..base import BackendStatistics, PerRequestBackend
 from ._config import SimConfig
 from ._draws import (
@@ -285,18 +285,19 @@ class SimBackend(PerRequestBackend):
                 self.requests.append(SimRequest(key, prompt_len, n, mult, outcome))
         prefill = cfg.prefill_seconds(prompt_len) * mult
         priority = request.priority if cfg.scheduling_policy == "priority" else 0
-        occupy = {"prompt_tokens": prompt_len, "rate": 1.0 / mult, "priority": priority}
+        rate = 1.0 / mult
         if outcome == ERROR:
             self.errors_injected += 1
-            await self._occupy(request.rid, prefill, 0.0, **occupy)
+            await self._occupy(request.rid, prefill, 0.0, prompt_tokens=prompt_len, rate=rate, priority=priority)
             raise BackendError(f"request {request.rid}: injected server error (sim error_fraction)")
         if outcome == ABORT:
             self.aborts_injected += 1
             half = n // 2
             self._resumes[request.rid] = _Resume(n - half, finished, offset + half, mult)
             n, finished = half, False
-        end, decode_start, aborted = await self._occupy(request.rid, prefill, n * mult, **occupy)
-        stop_reason = "abort" if outcome == ABORT else ("stop" if finished else "length")
+        end, decode_start, aborted = await self._occupy(request.rid, prefill, n * mult, prompt_tokens=prompt_len,
+                                                        rate=rate, priority=priority)
+        stop_reason: StopReason = "abort" if outcome == ABORT else ("stop" if finished else "length")
         if aborted is not None:  # abort_request: the tokens so far; the resumed segment gets the rest
             self.requests_aborted += 1
             after = self._resumes.pop(request.rid, None)  # the rest of an injected abort, if any

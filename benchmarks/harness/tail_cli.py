@@ -14,6 +14,7 @@ JSON (``--out``; schema ``bench_tail/1``)::
                   "staleness_max", "staleness_histogram", "length_bias_ks", "prompts_trained_fraction",
                   ...counts} | {"policy", "skipped": why}, ...],
      "summary": {"steps_per_hour_vs_sync": {policy: ratio}, "steps_per_hour_vs_fcfs": {policy: ratio},
+                 "server_bound_steps_per_hour": float | null,
                  "best_within_ks": {"ks_max", "policy", "vs_fcfs", "vs_sync", "thrown_away_token_fraction"} | null}}
 
 The metrics are defined in :mod:`.tail_metrics`; the scenario and its fit in :mod:`.tail_config`.
@@ -22,6 +23,7 @@ The metrics are defined in :mod:`.tail_metrics`; the scenario and its fit in :mo
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import replace
@@ -32,7 +34,7 @@ from .tail_config import POLICIES, TailConfig, parse_policies
 from .tail_metrics import format_tail_table, summarize
 from .tail_run import PolicyUnavailable, run_policy
 
-__all__ = ["KS_MAX", "main", "run_tail", "summary"]
+__all__ = ["KS_MAX", "main", "run_tail", "server_bound_steps_per_hour", "summary"]
 
 #: The length-bias bound of the comparison the issue asks for: the best policy whose
 #: ``length_bias_ks`` is at most this, against asynchronous FCFS.
@@ -71,9 +73,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def summary(results: list[dict[str, Any]], ks_max: float = KS_MAX) -> dict[str, Any]:
-    """Ratios of trainer steps per hour to ``sync`` and ``fcfs``, and the best policy
-    other than those two whose ``length_bias_ks`` is at most ``ks_max`` (None if none ran)."""
+def server_bound_steps_per_hour(cfg: TailConfig, mean_len: float) -> float:
+    """The ceiling of any policy: trainer steps per hour when every slot decodes all the
+    time and nothing is thrown away, ``3600 / max(train_step_s, B * G * mean_len *
+    step_s / K)`` with ``step_s`` the decode step at ``K`` running sequences (prefill
+    left out: it adds ~0.5% here).  ``mean_len``: tokens per response."""
+    sim = cfg.sim
+    k = sim.max_running_seqs
+    if k is None:
+        return math.inf
+    step_s = sim.per_token_s * (1 + sim.decode_slowdown_per_seq * (k - 1))
+    gen_s = cfg.groups_per_step * cfg.group_size * mean_len * step_s / k
+    return 3600.0 / max(cfg.train_step_s, gen_s)
+
+
+def summary(results: list[dict[str, Any]], ks_max: float = KS_MAX, cfg: TailConfig | None = None) -> dict[str, Any]:
+    """Ratios of trainer steps per hour to ``sync`` and ``fcfs``, the best policy other
+    than those two whose ``length_bias_ks`` is at most ``ks_max`` (None if none ran), and
+    with ``cfg`` the server-bound ceiling (:func:`server_bound_steps_per_hour` of the
+    first row's mean generated length)."""
     ran = {r["policy"]: r for r in results if not r.get("skipped")}
 
     def ratios(base: str) -> dict[str, float]:
@@ -85,7 +103,11 @@ def summary(results: list[dict[str, Any]], ks_max: float = KS_MAX) -> dict[str, 
     candidates = [r for p, r in ran.items() if p not in ("sync", "fcfs")
                   and r["length_bias_ks"] is not None and r["length_bias_ks"] <= ks_max]
     best = max(candidates, key=lambda r: r["steps_per_hour"], default=None)
+    ceiling = None
+    if cfg is not None and ran:
+        ceiling = round(server_bound_steps_per_hour(cfg, next(iter(ran.values()))["mean_len_generated"]), 3)
     return {"steps_per_hour_vs_sync": vs_sync, "steps_per_hour_vs_fcfs": vs_fcfs,
+            "server_bound_steps_per_hour": ceiling,
             "best_within_ks": None if best is None else {
                 "ks_max": ks_max, "policy": best["policy"], "vs_fcfs": vs_fcfs.get(best["policy"]),
                 "vs_sync": vs_sync.get(best["policy"]),
@@ -123,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"rollout bench: error: {exc}", file=sys.stderr)
         return 2
-    s = summary(results)
+    s = summary(results, cfg=cfg)
     print(format_tail_table(results, title=(
         f"rollout bench --scenario tail: {cfg.steps} steps of {cfg.groups_per_step} groups x {cfg.group_size}, "
         f"train {cfg.train_step_s} s/step, eta {cfg.max_head_offpolicyness}, virtual time")))
@@ -131,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios = s[f"steps_per_hour_vs_{base}"]
         if ratios:
             print(f"steps/h vs {base}: " + ", ".join(f"{p} x{v:.2f}" for p, v in ratios.items()))
+    if s["server_bound_steps_per_hour"] is not None:
+        print(f"server-bound ceiling (all slots decoding, nothing thrown away): {s['server_bound_steps_per_hour']:.1f} "
+              "steps/h")
     path = write_json(args.out, "bench_tail", cfg.to_dict(), results, summary=s)
     print(f"wrote {path}")
     return 0

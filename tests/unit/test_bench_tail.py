@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from benchmarks.harness import tail_config, tail_run
-from benchmarks.harness.tail_cli import summary
+from benchmarks.harness.tail_cli import server_bound_steps_per_hour, summary
 from benchmarks.harness.tail_config import TAIL_SIM, TailConfig, expected_sync_tail_share
 from benchmarks.harness.tail_metrics import ks_distance, summarize, tail_share
 from benchmarks.harness.tail_run import PolicyUnavailable, engine_config_for, run_policy
@@ -116,6 +116,14 @@ def test_summary_picks_the_best_policy_within_the_ks_bound():
     assert s["best_within_ks"] == {"ks_max": 0.1, "policy": "b", "vs_fcfs": 1.6, "vs_sync": 3.2,
                                    "thrown_away_token_fraction": 0.2}
     assert summary(rows[:2])["best_within_ks"] is None
+    assert s["server_bound_steps_per_hour"] is None  # (no config given)
+
+
+def test_the_server_bound_ceiling_by_hand():
+    # 8 sequences x 16 tokens x 0.1 s on 128 slots = 0.1 s of generation per step < 1 s of training
+    assert server_bound_steps_per_hour(_FLAT, 16) == pytest.approx(3600.0)
+    # the default: 128 x 678.5 tokens x 25 ms x 1.0635 / 128 = 18.04 s per step > 10 s of training
+    assert server_bound_steps_per_hour(TailConfig(), 678.5) == pytest.approx(3600 / (678.5 * 0.025 * 1.0635), rel=1e-9)
 
 
 def test_rollout_bench_scenario_tail_writes_the_json(tmp_path, capsys):
@@ -138,6 +146,7 @@ def test_rollout_bench_scenario_tail_writes_the_json(tmp_path, capsys):
         assert results[name]["time_base"] == "virtual"
     assert "skipped" in results["overprovision"] or "steps_per_hour" in results["overprovision"]
     assert doc["summary"]["steps_per_hour_vs_sync"]["sync"] == 1.0
+    assert doc["summary"]["server_bound_steps_per_hour"] > results["fcfs"]["steps_per_hour"]
 
 
 def test_rollout_bench_scenario_tail_bad_option_is_one_line(capsys):

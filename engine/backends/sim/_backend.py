@@ -71,7 +71,7 @@ class SimStatistics(BackendStatistics):
         preemptions: sequences preempted for KV room (``kv_token_budget``).
         busy_slot_s: slot-seconds held by sequences (prefilling or decoding) since the clock
             started; divided by ``max_running_seqs`` and a duration, the slot occupancy.
-        peak_kv_tokens: most KV tokens held at once.
+        peak_kv_tokens: most KV tokens held at once (tracked with a ``kv_token_budget``; 0 without).
     """
 
     errors_injected: int = 0

@@ -57,7 +57,8 @@ class SimConfig:
             (holds one counter per distinct prompt).
         kv_token_budget: tokens of KV cache the server holds (prompt + generated tokens
             of every sequence holding a slot; ``None`` = unbounded).  A sequence is
-            admitted only if its prompt fits with a 1% watermark to spare; when the
+            admitted only if its prompt fits with a 1% watermark to spare (or the server
+            is empty); when the
             running sequences grow past the budget the lowest-priority, latest-arrived
             one is preempted (vLLM's recompute preemption: it goes back to the queue
             keeping its tokens and re-prefills prompt + output when readmitted).

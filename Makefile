@@ -17,7 +17,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 docs bench bench-sweep bench-shards bench-soak learn areal-peer clean
+.PHONY: install model run test test-smollm2 test-integrations docs bench bench-sweep bench-shards bench-soak learn areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,23 @@ test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(TEST_ARGS)
+
+# The trainer tiers (tests/integrations/<trainer>/): each trainer's own code (AReaL's
+# workflows, verl's agent loops, OpenRLHF's executors, torchrl's collectors) driving the
+# engine through engine.integrations.<trainer>, in a venv of its own (their pins conflict
+# with ours: tensordict, transformers), built by tests/integrations/<trainer>/venv.sh.
+# `make test` skips them and says so.  One tier: make test-integrations INTEGRATIONS=torchrl
+INTEGRATIONS ?= areal verl openrlhf torchrl
+
+.venv-%/.installed: tests/integrations/%/venv.sh pyproject.toml
+	bash $< .venv-$*
+
+test-integrations: $(foreach t,$(INTEGRATIONS),.venv-$(t)/.installed)
+	@status=0; for t in $(INTEGRATIONS); do \
+	  echo "== tests/integrations/$$t (.venv-$$t)"; start=$$(date +%s); \
+	  .venv-$$t/bin/python -m pytest -q -p no:cacheprovider tests/integrations/$$t || status=1; \
+	  echo "== $$t: $$(( $$(date +%s) - start )) s"; \
+	done; exit $$status
 
 test-smollm2: $(VENV)/.model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smollm2 -s
@@ -107,4 +124,4 @@ learn: $(VENV)/.model $(VENV)/.bench
 	$(BIN)/python $(LEARN_SCRIPT) $(LEARN_ARGS)
 
 clean:
-	rm -rf $(VENV) rollout-out .pytest_cache site
+	rm -rf $(VENV) $(foreach t,$(INTEGRATIONS),.venv-$(t)) rollout-out .pytest_cache site

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 
 __all__ = [
+    "AsyncioEngine",
     "BackendError",
     "BackendStatistics",
     "DatasetError",
@@ -73,6 +74,7 @@ _LAZY = {
     "MockBackend": "engine.backends.base",
     "ModelRequest": "engine.types",
     "ModelResponse": "engine.types",
+    "AsyncioEngine": "engine.aio",
     "PerRequestBackend": "engine.backends.base",
     "RejectReason": "engine._records",
     "RewardError": "engine.errors",
@@ -139,6 +141,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on f
         open_rollout_engine as open_rollout_engine,
     )
     from .imports import import_object as import_object, resolve_reward_fn as resolve_reward_fn
+    from .aio import AsyncioEngine as AsyncioEngine
     from .sync import RolloutEngineThread as RolloutEngineThread
     from .trajectory import (
         Injected as Injected,

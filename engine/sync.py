@@ -21,9 +21,10 @@ still running, stops the workers and joins the thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+import outcome
 import trio
 
 from .backends.base import InferenceBackend
@@ -31,7 +32,11 @@ from .executor import EngineConfig, EngineStatistics, EpisodeResult, open_rollou
 from .types import ModelRequest, ModelResponse
 from .workflow import EngineRewards
 
-__all__ = ["RolloutEngineThread"]
+__all__ = ["CallCancelled", "RolloutEngineThread"]
+
+
+class CallCancelled(Exception):
+    """A call started from another thread (:mod:`engine.aio`) was cancelled by its caller."""
 
 
 class RolloutEngineThread:
@@ -55,6 +60,7 @@ class RolloutEngineThread:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
+        self._calls: trio.Nursery | None = None  # tasks started by _spawn (engine.aio)
         self._engine: Any = None
         self._error: BaseException | None = None
         self._closed = False
@@ -83,11 +89,13 @@ class RolloutEngineThread:
 
     async def _main(self) -> None:
         async with open_rollout_engine(self._backend, self._config, reward_pool=self._pool) as engine:
-            self._stop = trio.Event()
-            self._token = trio.lowlevel.current_trio_token()
-            self._engine = engine
-            self._ready.set()
-            await self._stop.wait()
+            async with trio.open_nursery() as calls:  # closed before the engine: the calls use it
+                self._stop = trio.Event()
+                self._token = trio.lowlevel.current_trio_token()
+                self._engine, self._calls = engine, calls
+                self._ready.set()
+                await self._stop.wait()
+                calls.cancel_scope.cancel()
 
     def close(self) -> None:
         """Cancel what is still running, stop workers and join the thread.  Idempotent.
@@ -136,6 +144,53 @@ class RolloutEngineThread:
             return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
         except trio.RunFinishedError as exc:
             raise RuntimeError("the rollout engine loop is not running") from (self._error or exc)
+
+    def _spawn(self, async_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+               done: Callable[[outcome.Outcome[Any]], None]) -> Callable[[], None]:
+        """Start ``async_fn(*args)`` as a task of the engine's loop from any thread, without
+        blocking and without a thread per call (:mod:`engine.aio` is built on it).
+
+        ``done(outcome)`` is called once, in the loop's thread, when the task ends: its value,
+        its error, :class:`trio.Cancelled` turned into :class:`CallCancelled` when the returned
+        ``cancel()`` (thread-safe, idempotent) stopped it, or :class:`RuntimeError` when the
+        engine closed under it.
+
+        Raises:
+            RuntimeError: the engine is not running.
+        """
+        self._check()
+        scope = trio.CancelScope()
+
+        async def call() -> None:
+            try:
+                with scope:
+                    value = await async_fn(*args)
+                    done(outcome.Value(value))
+                    return
+                done(outcome.Error(CallCancelled("the call was cancelled by its caller")))
+            except trio.Cancelled:
+                done(outcome.Error(RuntimeError("the rollout engine closed while the call ran")))
+                raise
+            except Exception as exc:  # the caller's to handle, with its own type
+                done(outcome.Error(exc))
+
+        def start() -> None:
+            if self._calls is None or self._stop is None or self._stop.is_set():
+                done(outcome.Error(RuntimeError("the rollout engine is closing")))
+                return
+            self._calls.start_soon(call)
+
+        def cancel() -> None:
+            try:
+                self._token.run_sync_soon(scope.cancel)  # type: ignore[union-attr]
+            except trio.RunFinishedError:
+                pass  # the loop is gone, and the call with it
+
+        try:
+            self._token.run_sync_soon(start)  # type: ignore[union-attr]
+        except trio.RunFinishedError as exc:
+            raise RuntimeError("the rollout engine loop is not running") from (self._error or exc)
+        return cancel
 
     # -- the engine's API, blocking ----------------------------------------------------------
     def submit(self, data: Any, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,

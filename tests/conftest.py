@@ -52,6 +52,20 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+#: trainer tiers (tests/integrations/<trainer>/): each runs in its own venv (``make
+#: test-integrations``); in any other venv its modules skip at import, and the session says so.
+INTEGRATION_TIERS = ("areal", "verl", "openrlhf", "torchrl")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = {report.nodeid.split("/")[2] for report in terminalreporter.stats.get("skipped", [])
+               if report.nodeid.startswith("tests/integrations/") and report.nodeid.count("/") >= 3}
+    if skipped:
+        terminalreporter.write_line(
+            f"trainer tiers not run in this venv: {', '.join(sorted(skipped))} "
+            "(each has its own venv: run them with `make test-integrations`)")
+
+
 @pytest.fixture
 def reward_pool():
     """Rewards computed in-process (:class:`engine.testing.InProcessRewardPool`)."""

@@ -149,7 +149,7 @@ def token_output_fields(resp: ModelResponse, *, logprobs: bool) -> dict[str, Any
         "log_probs": [float(x) for x in resp.output_logprobs] if logprobs else None,
         "stop_reason": "aborted" if resp.stop_reason == "abort" else "completed",
         "extra_fields": {"global_steps": newest, "min_global_steps": min(versions, default=-1),
-                         "max_global_steps": newest, "finish_reason": resp.stop_reason},
+                         "max_global_steps": newest},
     }
 
 

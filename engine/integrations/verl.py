@@ -17,12 +17,13 @@ Tested with **verl 0.9.1** (PyPI wheel; ``tests/integrations/verl``).  The seams
   bring the actor's weights into the engine each step, versioned by ``global_steps``.
 
 The config lines (hydra overrides; :data:`CONFIG_OVERRIDES` holds them, and the tier
-composes verl's ``ppo_trainer`` config with them)::
+composes verl's ``ppo_trainer`` config with them; ``+`` where verl's YAML has no such key,
+or hydra refuses the override)::
 
     actor_rollout_ref.rollout.name=trio
     actor_rollout_ref.rollout.calculate_log_probs=True
-    actor_rollout_ref.rollout.agent.agent_loop_manager_class=engine.integrations.verl.TrioAgentLoopManager
-    actor_rollout_ref.rollout.checkpoint_manager_class=engine.integrations.verl.TrioCheckpointManager
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=engine.integrations.verl.TrioAgentLoopManager
+    +actor_rollout_ref.rollout.checkpoint_manager_class=engine.integrations.verl.TrioCheckpointManager
     actor_rollout_ref.rollout.checkpoint_engine.backend=trio
     actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=engine.integrations.verl
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.trio.weights_dir=/shared/trio-weights
@@ -73,8 +74,8 @@ TESTED_VERL_VERSIONS = ("0.9.1",)
 CONFIG_OVERRIDES = (
     "actor_rollout_ref.rollout.name=trio",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
-    "actor_rollout_ref.rollout.agent.agent_loop_manager_class=engine.integrations.verl.TrioAgentLoopManager",
-    "actor_rollout_ref.rollout.checkpoint_manager_class=engine.integrations.verl.TrioCheckpointManager",
+    "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=engine.integrations.verl.TrioAgentLoopManager",
+    "+actor_rollout_ref.rollout.checkpoint_manager_class=engine.integrations.verl.TrioCheckpointManager",
     "actor_rollout_ref.rollout.checkpoint_engine.backend=trio",
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=engine.integrations.verl",
 )

@@ -26,13 +26,14 @@ or hydra refuses the override)::
     +actor_rollout_ref.rollout.checkpoint_manager_class=engine.integrations.verl.TrioCheckpointManager
     actor_rollout_ref.rollout.checkpoint_engine.backend=trio
     actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=engine.integrations.verl
+    actor_rollout_ref.model.external_lib=engine.integrations.verl
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.trio.weights_dir=/shared/trio-weights
     +actor_rollout_ref.rollout.custom.trio_rollout.engine=my_project.rollout.make_engine  # optional
 
 Importing this module does not import verl (its names resolve on first use, one line
 naming the install when verl is missing), except when verl is already imported, as in
-verl's workers importing ``custom_backend_module``: then the ``trio`` checkpoint backend
-and rollout name are registered.
+verl's processes importing ``model.external_lib`` / ``custom_backend_module``: then the
+``trio`` checkpoint backend and rollout name are registered.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ CONFIG_OVERRIDES = (
     "+actor_rollout_ref.rollout.checkpoint_manager_class=engine.integrations.verl.TrioCheckpointManager",
     "actor_rollout_ref.rollout.checkpoint_engine.backend=trio",
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=engine.integrations.verl",
+    # a worker builds its rollout class (rollout.name=trio) before it imports custom_backend_module;
+    # HFModelConfig imports external_lib first of all (verl/workers/config/model.py)
+    "actor_rollout_ref.model.external_lib=engine.integrations.verl",
 )
 
 _LAZY = {

@@ -90,3 +90,41 @@ def test_the_engine_factory_line(compose_config, tiny, tok, monkeypatch):
     assert "default" not in adapter.ENGINES
     with pytest.raises(Exception, match="closed"):
         thread.version
+
+
+WORKER_ORDER = r"""
+import sys, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from hydra import compose, initialize_config_dir
+import verl
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.rollout.base import get_rollout_class
+with initialize_config_dir(config_dir=sys.argv[1], version_base=None):
+    config = compose(config_name="ppo_trainer", overrides=sys.argv[2:])
+assert "engine.integrations.verl" not in sys.modules
+try:
+    get_rollout_class("trio", "async")
+    raise SystemExit("registered before the model config was built")
+except AssertionError:
+    pass
+omega_conf_to_dataclass(config.actor_rollout_ref.model)   # ActorRolloutRefWorker.init_model, first line
+cls = get_rollout_class("trio", "async")                   # step 3 of init_model: the worker's rollout
+print(f"{cls.__module__}.{cls.__qualname__}")
+"""
+
+
+def test_a_worker_finds_the_trio_rollout_before_it_builds_it(tiny):
+    """In a fresh process, as verl's ``ActorRolloutRefWorker.init_model`` goes: building the
+    model config imports ``external_lib`` (the adapter), which registers rollout ``trio``
+    before the worker asks ``get_rollout_class`` for it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import verl
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    proc = subprocess.run([sys.executable, "-c", WORKER_ORDER, config_dir, *adapter.CONFIG_OVERRIDES,
+                           f"actor_rollout_ref.model.path={tiny}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "engine.integrations._verl_weights.TrioRolloutAdapter"

@@ -150,6 +150,19 @@ def test_token_versions_follow_a_weight_update(compose_config, engine, tiny, fre
     assert float(stale.max()) > 1e-2  # and the old ones would not have given these logprobs
 
 
+def test_rows_in_flight_are_not_capped_by_a_thread_pool(compose_config, engine, backend):
+    """All 40 rows' requests are in the engine at once (the backend holds each until 40 are
+    there): a bridge through ``run_in_executor`` (6 threads here: min(32, cpus + 4)) would
+    stop at 6 and time out."""
+    manager = manager_for(compose_config(), engine)
+    backend.close_gate(40)
+    try:
+        out = manager.generate_sequences(generation_batch(20, n=2))
+    finally:
+        backend.gate = 0
+    assert backend.peak == 40 and len(out) == 40 and manager.reruns == 0
+
+
 def test_rows_stay_aligned_when_a_backend_request_fails_once(compose_config, engine, backend):
     manager = manager_for(compose_config(), engine)
     backend.fail = 1

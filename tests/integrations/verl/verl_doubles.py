@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import torch
+import trio
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.protocol import DataProto
 from verl.utils.torch_functional import logprobs_from_logits
@@ -24,15 +25,31 @@ RESPONSE_LENGTH = 12
 
 
 class FlakyHF(HFBackend):
-    """The hf backend, whose next ``fail`` generate calls raise :class:`BackendError`."""
+    """The hf backend, whose next ``fail`` generate calls raise :class:`BackendError`; with
+    ``gate = N`` each request first waits (60 s at most) until N requests are in it at once."""
 
     fail = 0
+    gate = 0
+    peak = 0
 
     async def generate(self, request, budget):
         if self.fail:
             self.fail -= 1
             raise BackendError("injected: the server dropped the request")
+        if self.gate:
+            self._inside = getattr(self, "_inside", 0) + 1
+            self.peak = max(self.peak, self._inside)
+            if self.peak >= self.gate:
+                self._open.set()
+            try:
+                with trio.fail_after(60):
+                    await self._open.wait()
+            finally:
+                self._inside -= 1
         return await super().generate(request, budget)
+
+    def close_gate(self, n: int) -> None:
+        self.gate, self.peak, self._open = n, 0, trio.Event()
 
 
 def messages(i: int) -> list[dict[str, str]]:

@@ -5,6 +5,8 @@ trainer lazily (importing ``engine.integrations`` imports no trainer):
 
 * :mod:`engine.integrations.trl`: Hugging Face TRL's ``GRPOTrainer(rollout_func=...)``
   (the ``trl`` extra: ``pip install "trio-rollout[trl]"``).
+* :mod:`engine.integrations.verl`: verl 0.9.1's agent loops and agent-loop manager
+  (``LLMServerClient``, ``agent_loop_manager_class``, ``checkpoint_manager_class``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 $PIP install -q torch==2.13.0                    # first: the CPU build on local disk
-$PIP install -q --no-deps verl==0.9.1
 $PIP install -q \
     "tensordict==0.10.0" "transformers==5.10.4" \
     "ray==2.60.0" hydra-core omegaconf "antlr4-python3-runtime==4.9.3" codetiming torchdata pylatexenc \
@@ -25,6 +24,7 @@ $PIP install -q --no-deps -e "$REPO"
 $PIP install -q "tensordict==0.10.0" "transformers==5.10.4" \
     "trio>=0.30" "trio-parallel>=1.3" "tokenizers>=0.20" "gguf>=0.10" "httpx>=0.27" "hypercorn>=0.17" \
     "starlette>=0.40" "math-verify>=0.7" "rich>=13" "cloudpickle>=2" pillow prometheus-client tomli-w "openai>=2"
+$PIP install -q --no-deps verl==0.9.1            # last: nothing after it re-resolves around its left-out deps
 # pip check may report only the four verl requirements left out on purpose (above); any
 # version conflict fails the build
 problems=$("$VENV/bin/python" -m pip check 2>&1 | grep -vE '^verl 0\.9\.1 requires (peft|pybind11|tensorboard|wandb), which is not installed\.$' || true)

@@ -242,7 +242,7 @@ class TrioReplica(RolloutReplica):
     generates with the engine), so ``LLMServerManager`` launches nothing on the GPUs."""
 
     async def launch_servers(self) -> None:
-        self.servers = []
+        self.servers: list[Any] = []
         self._server_address = f"trio-rollout-{self.replica_rank}"
         self._server_handle = None
 

@@ -7,6 +7,8 @@ trainer lazily (importing ``engine.integrations`` imports no trainer):
   (the ``trl`` extra: ``pip install "trio-rollout[trl]"``).
 * :mod:`engine.integrations.torchrl`: torchrl's ``LLMCollector`` / ``ChatEnv`` with an
   ``EngineWrapper`` policy (torchrl 0.14.1, in a venv of its own: it pins ``tensordict<0.15``).
+* :mod:`engine.integrations.verl`: verl 0.9.1's agent loops and agent-loop manager
+  (``LLMServerClient``, ``agent_loop_manager_class``, ``checkpoint_manager_class``).
 """
 
 from __future__ import annotations

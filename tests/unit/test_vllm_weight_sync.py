@@ -59,3 +59,22 @@ def test_the_extension_module_is_where_the_backend_says():
     source = (Path(vllm_worker_dir()) / f"{module}.py").read_text()
     assert f"class {cls}:" in source and "def rollout_reload_weights(self, weights_path: str)" in source
     assert "import engine" not in source and "from engine" not in source  # the server's venv lacks this package
+
+
+async def test_a_refused_reload_resumes_the_server_and_reports_the_servers_reason(reward_pool):
+    """Regression (vLLM 0.32 CPU, a folder the server cannot read): /collective_rpc answered
+    500 and uvicorn then closed the keep-alive connection; the /resume sent on it failed with
+    'connection reset', so the server stayed paused (every later request blocked) and the
+    error named the resume instead of the refused weights."""
+    fake = FakeVLLM(device="cpu", worker_extension_cls=WORKER_EXTENSION)
+    fake.reload_error = "rollout_reload_weights: /ckpt/b is not a folder on this server"
+    backend = _backend({A: fake})
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        with pytest.raises(BackendError) as info:
+            await engine.update_weights("/ckpt/b", version=1)
+        assert engine.version == 0 and not engine.paused and not backend.paused
+    message = str(info.value)
+    assert message.startswith("vllm: the weight update to /ckpt/b failed on every server: ")
+    assert f"{A}/collective_rpc: HTTP 500" in message and "/ckpt/b is not a folder on this server" in message
+    assert "continue" not in message and "reset by peer" not in message
+    assert _control(fake) == ["pause", "rpc", "resume"] and not fake.paused and fake.weights == ""

@@ -78,3 +78,66 @@ async def test_a_refused_reload_resumes_the_server_and_reports_the_servers_reaso
     assert f"{A}/collective_rpc: HTTP 500" in message and "/ckpt/b is not a folder on this server" in message
     assert "continue" not in message and "reset by peer" not in message
     assert _control(fake) == ["pause", "rpc", "resume"] and not fake.paused and fake.weights == ""
+
+
+def _extension():
+    """The worker extension's module, loaded from its file (it runs inside vLLM's workers)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("rollout_vllm_worker",
+                                                  Path(vllm_worker_dir()) / "rollout_vllm_worker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Worker:
+    """What the extension needs of vLLM's worker: ``reload_weights`` (recorded, or raising)."""
+
+    def __init__(self, fail=None):
+        self.fail, self.reloads = fail, []
+
+    def reload_weights(self, weights_path, is_checkpoint_format):
+        self.reloads.append(weights_path)
+        if self.fail is not None:
+            raise self.fail
+
+
+@pytest.mark.parametrize("case", ["missing", "relative", "file", "no weights"])
+def test_the_extension_refuses_a_folder_it_cannot_load_before_touching_the_model(tmp_path, monkeypatch, case):
+    """Regression (vLLM 0.32 CPU): a reload of a path that is no folder on the server (a
+    relative path, a trainer's local folder) failed *after* vLLM had moved every layer to
+    the meta device (its layer-by-layer reload), with a Hub error ('Cannot find an
+    appropriate cached snapshot folder'); the next request then killed the engine core
+    (onednn_mm on Meta tensors).  Now nothing is touched and the error names the path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "empty").mkdir()
+    path = {"missing": str(tmp_path / "step-3"), "relative": "empty", "file": str(tmp_path / "a-file"),
+            "no weights": str(tmp_path / "empty")}[case]
+    worker = _Worker()
+    with pytest.raises(ValueError) as info:
+        _extension().RolloutWorkerExtension.rollout_reload_weights(worker, path)
+    assert worker.reloads == []  # the model was not touched
+    message = str(info.value)
+    assert message.startswith(f"rollout_reload_weights: {path!r} ")
+    if case == "relative":
+        assert "is not an absolute path" in message
+    elif case == "no weights":
+        assert "holds no weight files (*.safetensors, *.bin, *.pt)" in message
+    else:
+        assert "is not a folder on this server" in message
+    assert "a folder the server can read at the same path" in message or case == "no weights"
+
+
+def test_a_reload_that_fails_midway_says_the_server_must_be_restarted(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    worker = _Worker(fail=RuntimeError("start (0) + length (256) exceeds dimension size (192)."))
+    with pytest.raises(RuntimeError) as info:
+        _extension().RolloutWorkerExtension.rollout_reload_weights(worker, str(tmp_path))
+    assert worker.reloads == [str(tmp_path)]
+    message = str(info.value)
+    assert message.startswith(f"rollout_reload_weights: loading {str(tmp_path)!r} failed midway (RuntimeError: "
+                              "start (0) + length (256) exceeds dimension size (192).)")
+    assert "restart the server" in message and "not the served model's" in message

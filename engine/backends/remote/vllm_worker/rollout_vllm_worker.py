@@ -23,13 +23,47 @@ weights, and equal (to 1e-5) to a model with the new body and the old head.
 :meth:`RolloutWorkerExtension.rollout_reload_weights` calls the stock reload, then re-runs
 ``process_weights_after_loading`` of every LM-head / embedding layer, which repacks them
 from their (updated) parameters; on GPU that re-run does nothing.
+
+A failed reload is worse than an error (vLLM 0.32, measured on CPU): the layer-by-layer
+reload (``initialize_layerwise_reload``) first moves every layer to the meta device and
+puts a layer's tensors back only once the checkpoint has loaded it, so a reload that fails
+-- even at once, for a path that is not a folder on the server, which vLLM then takes for a
+Hub repository id ("Cannot find an appropriate cached snapshot folder") -- leaves the model on
+meta tensors and the next request kills the engine core (``onednn_mm`` on Meta tensors).
+So the extension first checks what it can without touching the model (an absolute path to
+a folder on this machine that holds weight files) and refuses with a ``ValueError`` naming
+the path; a reload that fails midway (e.g. another model's shapes) is reported as such,
+with the fix: restart the server.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-__all__ = ["RolloutWorkerExtension"]
+__all__ = ["RolloutWorkerExtension", "check_weights_folder"]
+
+#: the checkpoint files vLLM's default loader reads
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+
+
+def check_weights_folder(weights_path: str) -> None:
+    """Raise ``ValueError`` (naming ``weights_path`` and the fix) unless it is an absolute
+    path to a folder on this machine that holds weight files (:data:`WEIGHT_FILES`)."""
+    where = "a folder the server can read at the same path (shared storage when the trainer runs elsewhere)"
+    if not os.path.isabs(weights_path):
+        raise ValueError(f"rollout_reload_weights: {weights_path!r} is not an absolute path (the server would "
+                         f"resolve it in its own working directory, {os.getcwd()}, or as a Hugging Face Hub id): "
+                         f"send the absolute path of {where}")
+    folder = Path(weights_path)
+    if not folder.is_dir():
+        raise ValueError(f"rollout_reload_weights: {weights_path!r} is not a folder on this server "
+                         f"({os.uname().nodename}): the server reads the weights at that path on its own machine; "
+                         f"write them to {where}")
+    if not any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise ValueError(f"rollout_reload_weights: {weights_path!r} holds no weight files ({', '.join(WEIGHT_FILES)}): "
+                         "write the checkpoint there with save_pretrained before the reload")
 
 
 class RolloutWorkerExtension:
@@ -41,12 +75,26 @@ class RolloutWorkerExtension:
         ``is_checkpoint_format=True``), then reprocess the embedding and LM-head layers.
 
         Returns ``{"reprocessed": [module names]}`` (JSON for the HTTP answer).
+
+        Raises:
+            ValueError: ``weights_path`` is not an absolute path to a folder on this machine
+                with weight files (:func:`check_weights_folder`); nothing was loaded.
+            RuntimeError: the reload failed midway; the model is partly replaced (the
+                message says so and names the cause): restart the server.
         """
+        check_weights_folder(weights_path)
+        worker: Any = self
+        try:
+            worker.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        except Exception as exc:
+            raise RuntimeError(
+                f"rollout_reload_weights: loading {weights_path!r} failed midway ({type(exc).__name__}: {exc}); "
+                "vLLM reloads in place, layer by layer, so this server's model is now partly replaced and its "
+                "next request may kill it: restart the server (and check that the checkpoint is the served "
+                "model's architecture: an error about shapes means it is not the served model's)") from exc
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-        worker: Any = self
-        worker.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         model = worker.model_runner.get_model()
         done = []
         with set_current_vllm_config(worker.vllm_config):

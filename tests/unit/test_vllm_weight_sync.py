@@ -5,6 +5,8 @@ worker extension chosen from ``/server_info``, and the refusal of a CPU server w
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from engine import BackendError, open_rollout_engine
@@ -93,10 +95,14 @@ def _extension():
 
 
 class _Worker:
-    """What the extension needs of vLLM's worker: ``reload_weights`` (recorded, or raising)."""
+    """What the extension needs of vLLM's worker: ``reload_weights`` (recorded, or raising),
+    and ``vllm_config.model_config.model`` (the folder it started from)."""
 
-    def __init__(self, fail=None):
+    def __init__(self, fail=None, started_from=""):
+        import types
+
         self.fail, self.reloads = fail, []
+        self.vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(model=started_from))
 
     def reload_weights(self, weights_path, is_checkpoint_format):
         self.reloads.append(weights_path)
@@ -132,12 +138,61 @@ def test_the_extension_refuses_a_folder_it_cannot_load_before_touching_the_model
 
 
 def test_a_reload_that_fails_midway_says_the_server_must_be_restarted(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"")
+    folder = _checkpoint(tmp_path / "step-1", w=(2, 2))
     worker = _Worker(fail=RuntimeError("start (0) + length (256) exceeds dimension size (192)."))
     with pytest.raises(RuntimeError) as info:
-        _extension().RolloutWorkerExtension.rollout_reload_weights(worker, str(tmp_path))
-    assert worker.reloads == [str(tmp_path)]
+        _extension().RolloutWorkerExtension.rollout_reload_weights(worker, folder)
+    assert worker.reloads == [folder]
     message = str(info.value)
-    assert message.startswith(f"rollout_reload_weights: loading {str(tmp_path)!r} failed midway (RuntimeError: "
+    assert message.startswith(f"rollout_reload_weights: loading {folder!r} failed midway (RuntimeError: "
                               "start (0) + length (256) exceeds dimension size (192).)")
     assert "restart the server" in message and "not the served model's" in message
+
+
+def test_the_extension_refuses_an_unreadable_safetensors_file(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\x05")  # cut short: e.g. a save still under way
+    worker = _Worker()
+    with pytest.raises(ValueError, match="model.safetensors' is not a readable safetensors file"):
+        _extension().RolloutWorkerExtension.rollout_reload_weights(worker, str(tmp_path))
+    assert worker.reloads == []
+
+
+def _checkpoint(folder, **shapes):
+    """A safetensors checkpoint in ``folder`` with zero tensors of these shapes."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file({name.replace("__", "."): torch.zeros(shape) for name, shape in shapes.items()},
+              str(folder / "model.safetensors"))
+    return str(folder)
+
+
+def test_the_extension_refuses_a_checkpoint_of_another_shape_before_touching_the_model(tmp_path):
+    """Regression (vLLM 0.32 CPU, a trainer whose model is not the served one): the reload
+    failed midway ('start (0) + length (256) exceeds dimension size (192)') with the model
+    partly replaced, and the next request killed the engine core.  The shapes are compared
+    first: with the folder the server started from, then with the checkpoint loaded last."""
+    served = _checkpoint(tmp_path / "served", embed__weight=(259, 128), mlp__up__weight=(256, 128))
+    same = _checkpoint(tmp_path / "step-1", embed__weight=(259, 128), mlp__up__weight=(256, 128))
+    other = _checkpoint(tmp_path / "other", embed__weight=(259, 128), mlp__up__weight=(192, 128))
+    worker = _Worker(started_from=served)
+    extension = _extension().RolloutWorkerExtension
+    with pytest.raises(ValueError) as info:
+        extension.rollout_reload_weights(worker, other)
+    assert worker.reloads == []
+    assert str(info.value) == (
+        f"rollout_reload_weights: {other!r} is not a checkpoint of the served model: 1 tensor(s) have other "
+        "shapes, e.g. mlp.up.weight [192, 128] (served: [256, 128]); nothing was loaded")
+    with pytest.raises(ValueError):  # nothing learned from a refused checkpoint
+        extension.rollout_reload_weights(worker, other)
+    worker.reloads.clear()
+    try:
+        extension.rollout_reload_weights(worker, same)
+    except ModuleNotFoundError:  # the LM-head reprocessing after the reload needs vllm
+        pass
+    assert worker.reloads == [same]
+    worker.vllm_config.model_config.model = same  # (what vLLM's reload does)
+    shutil.rmtree(same)  # (what the TRL adapter does once the next step loads): its shapes were kept
+    with pytest.raises(ValueError, match="is not a checkpoint of the served model"):
+        extension.rollout_reload_weights(worker, other)

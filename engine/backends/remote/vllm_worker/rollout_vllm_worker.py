@@ -30,15 +30,19 @@ puts a layer's tensors back only once the checkpoint has loaded it, so a reload 
 -- even at once, for a path that is not a folder on the server, which vLLM then takes for a
 Hub repository id ("Cannot find an appropriate cached snapshot folder") -- leaves the model on
 meta tensors and the next request kills the engine core (``onednn_mm`` on Meta tensors).
-So the extension first checks what it can without touching the model (an absolute path to
-a folder on this machine that holds weight files) and refuses with a ``ValueError`` naming
-the path; a reload that fails midway (e.g. another model's shapes) is reported as such,
-with the fix: restart the server.
+So the extension first checks what it can without touching the model and refuses with a
+``ValueError`` naming the path: an absolute path to a folder on this machine that holds
+weight files, and the tensor shapes of its ``*.safetensors`` headers against those of the
+checkpoint loaded last (at first the folder the server started from; a tensor of another
+shape means another model, e.g. a trainer that trains something else than what is served).
+A reload that still fails midway is reported as such, with the fix: restart the server.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +70,39 @@ def check_weights_folder(weights_path: str) -> None:
                          "write the checkpoint there with save_pretrained before the reload")
 
 
+def checkpoint_shapes(folder: str) -> dict[str, list[int]] | None:
+    """Tensor name -> shape of every ``*.safetensors`` file in ``folder``, from the files'
+    headers (no tensor is read); ``None`` when ``folder`` is no local folder with such files.
+
+    Raises:
+        ValueError: a file's header cannot be read (naming the file).
+    """
+    files = sorted(Path(folder).glob("*.safetensors")) if folder and Path(folder).is_dir() else []
+    if not files:
+        return None
+    shapes: dict[str, list[int]] = {}
+    for file in files:
+        try:
+            with open(file, "rb") as handle:  # the format: u64 little-endian header size, then a JSON header
+                (size,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(size))
+            shapes.update((name, list(entry["shape"])) for name, entry in header.items() if name != "__metadata__")
+        except (OSError, ValueError, struct.error, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"rollout_reload_weights: {str(file)!r} is not a readable safetensors file "
+                             f"({type(exc).__name__}: {exc}); nothing was loaded") from exc
+    return shapes
+
+
+def check_same_shapes(served: dict[str, list[int]], new: dict[str, list[int]], weights_path: str) -> None:
+    """Raise ``ValueError`` when a tensor of both checkpoints has another shape in ``new``."""
+    wrong = [name for name in sorted(new.keys() & served.keys()) if new[name] != served[name]]
+    if wrong:
+        name = wrong[0]
+        raise ValueError(f"rollout_reload_weights: {weights_path!r} is not a checkpoint of the served model: "
+                         f"{len(wrong)} tensor(s) have other shapes, e.g. {name} {new[name]} (served: "
+                         f"{served[name]}); nothing was loaded")
+
+
 class RolloutWorkerExtension:
     """Mixed into vLLM's worker class by ``--worker-extension-cls`` (methods reachable by
     ``POST /collective_rpc {"method": name, "kwargs": {...}}`` in dev mode)."""
@@ -78,12 +115,20 @@ class RolloutWorkerExtension:
 
         Raises:
             ValueError: ``weights_path`` is not an absolute path to a folder on this machine
-                with weight files (:func:`check_weights_folder`); nothing was loaded.
+                with weight files (:func:`check_weights_folder`), or a tensor there has another
+                shape than in the checkpoint loaded last (:func:`check_same_shapes`); nothing
+                was loaded.
             RuntimeError: the reload failed midway; the model is partly replaced (the
                 message says so and names the cause): restart the server.
         """
         check_weights_folder(weights_path)
         worker: Any = self
+        new = checkpoint_shapes(weights_path)
+        served = getattr(worker, "_rollout_served_shapes", None)
+        if served is None:  # the first reload: the folder the server started from (a Hub id: None)
+            served = checkpoint_shapes(str(worker.vllm_config.model_config.model))
+        if served is not None and new is not None:
+            check_same_shapes(served, new, weights_path)
         try:
             worker.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         except Exception as exc:
@@ -92,6 +137,8 @@ class RolloutWorkerExtension:
                 "vLLM reloads in place, layer by layer, so this server's model is now partly replaced and its "
                 "next request may kill it: restart the server (and check that the checkpoint is the served "
                 "model's architecture: an error about shapes means it is not the served model's)") from exc
+        if new is not None:  # the reference for the next reload (the trainer may delete this folder)
+            worker._rollout_served_shapes = new
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 

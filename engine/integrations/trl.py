@@ -96,8 +96,10 @@ class TRLRolloutConfig:
         weight_sync: ``"auto"`` (tensors for the in-process backends, a folder otherwise),
             ``"tensors"``, ``"folder"``, or a callable ``(engine, trainer, version) -> None``
             that publishes the weights itself.
-        weights_dir: where folder mode writes ``step-<N>/`` (the servers must read it); the
-            previous step's folder is removed once the next one is loaded.
+        weights_dir: where folder mode writes ``step-<N>/`` (the servers must read it at the
+            same path; a relative one is taken from this process's working directory and sent
+            absolute); the previous step's folder is removed once the next one is loaded, a
+            step the servers refused is removed at once (so only the folder loaded last stays).
         env_mask: return ``env_mask``: ``None`` when some completion has a tool/template
             token (multi-turn, agents), ``True`` always, ``False`` never.
     """

@@ -4,6 +4,14 @@ control call to one server with its deadline, and the same call broadcast to sev
 Every exchange goes through :func:`~engine.backends.remote._errors.map_exceptions` and
 :func:`~engine.backends.remote._errors.decode_json`, so callers see only
 :class:`~engine.backends.remote.RemoteCallError`.
+
+A control call whose connection is lost before an answer arrives (``httpx.ReadError``,
+``WriteError``, ``RemoteProtocolError``) is sent once more, at once, on a new connection: a
+pooled keep-alive connection may have been closed by the server since its last answer (vLLM
+0.32's uvicorn closes it after a 500 that escaped the app, e.g. a refused ``/collective_rpc``
+weight reload, without ``Connection: close``; the ``/resume`` sent next then failed and the
+server stayed paused).  Every control route is idempotent (pause, resume, abort, reload the
+same folder, set the same version, probes).  Generation requests have their own retries.
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ from ._config import RemoteTimeouts
 from ._errors import RemoteCallError, RemoteTimeoutError, decode_json, map_exceptions
 
 __all__ = ["ServerClient"]
+
+#: the connection went away before the answer (not a refused connection, not a timeout)
+_LOST_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 class ServerClient:
@@ -62,6 +73,8 @@ class ServerClient:
         """One control call to one server; returns the decoded JSON (``None`` if empty, or
         with ``decode=False``, which checks the status only).
 
+        A lost connection is retried once at once (the module docstring).
+
         Raises:
             RemoteCallError: transport failure, bad status, malformed body, or no answer
                 within ``timeout_s`` (default ``control_timeout_s``).
@@ -69,7 +82,10 @@ class ServerClient:
         timeout_s = self.timeouts.control_timeout_s if timeout_s is None else timeout_s
         with trio.move_on_after(timeout_s):
             with map_exceptions(url):
-                response = await self.client.request(method, url + path, json=json, params=params)
+                try:
+                    response = await self.client.request(method, url + path, json=json, params=params)
+                except _LOST_CONNECTION:  # a pooled connection the server closed: once more, on a new one
+                    response = await self.client.request(method, url + path, json=json, params=params)
             return decode_json(response, url, path, allow_empty=allow_empty, decode=decode)
         raise RemoteTimeoutError(f"{url}{path}: no answer within {timeout_s} s", url=url)
 

@@ -10,7 +10,7 @@ import hmac
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -19,6 +19,7 @@ from ..chat import collect_drift_events
 from ..errors import BackendError, InvalidRequestError, SessionAbandonedError, WorkflowError, unwrap_single
 
 from ._proxy_session import ProxyConfig, ProxySession
+from ._streaming import ChunkStream
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -104,6 +105,11 @@ class ProxyRoutes:
             session.touch()
         if result is None:  # the client went away: nobody to answer
             return Response(status_code=499)
+        if isinstance(result, ChunkStream):  # stream=True: generated and recorded; sent as server-sent events
+            from starlette.responses import StreamingResponse
+
+            return StreamingResponse(_chunks_of(result.sse()), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         return JSONResponse(result.model_dump(mode="json"))
 
     async def _chat_completions(self, request: Any) -> Any:
@@ -211,6 +217,23 @@ def _http_error(exc: Exception) -> _HTTPError:
     if isinstance(exc, trio.ClosedResourceError):
         return _HTTPError(503, f"closed: {exc}", "server_error")
     return _HTTPError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+class _chunks_of:
+    """An async iterator over in-memory events (not an async generator: nothing to
+    finalize when the client leaves mid-stream)."""
+
+    def __init__(self, events: Iterator[bytes]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return next(self._events)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
 
 def _bearer(request: Any) -> str | None:

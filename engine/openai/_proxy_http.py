@@ -19,6 +19,7 @@ from ..chat import collect_drift_events
 from ..errors import BackendError, InvalidRequestError, SessionAbandonedError, WorkflowError, unwrap_single
 
 from ._proxy_session import ProxyConfig, ProxySession
+from ._responses import ResponseNotFoundError
 from ._streaming import ChunkStream
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -118,6 +119,16 @@ class ProxyRoutes:
     async def _completions(self, request: Any) -> Any:
         return await self._complete(request, "create_completion")
 
+    async def _responses(self, request: Any) -> Any:
+        return await self._complete(request, "create_response")
+
+    async def _retrieve_response(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        session = self._session_of(request)
+        response = session.client.retrieve_response(request.path_params["response_id"])
+        return JSONResponse(response.model_dump(mode="json"))
+
     async def _models(self, request: Any) -> Any:
         from openai.types import Model
         from starlette.responses import JSONResponse
@@ -178,6 +189,8 @@ class ProxyRoutes:
             Route("/v1/models", wrap(self._models), methods=["GET"]),
             Route("/v1/chat/completions", wrap(self._chat_completions), methods=["POST"]),
             Route("/v1/completions", wrap(self._completions), methods=["POST"]),
+            Route("/v1/responses", wrap(self._responses), methods=["POST"]),
+            Route("/v1/responses/{response_id}", wrap(self._retrieve_response), methods=["GET"]),
             Route("/rl/start_session", wrap(self._start_session), methods=["POST"]),
             Route("/rl/set_reward", wrap(self._set_reward), methods=["POST"]),
             Route("/rl/end_session", wrap(self._end_session), methods=["POST"]),
@@ -206,6 +219,8 @@ class ProxyRoutes:
 def _http_error(exc: Exception) -> _HTTPError:
     if isinstance(exc, _HTTPError):
         return exc
+    if isinstance(exc, ResponseNotFoundError):
+        return _HTTPError(404, str(exc.args[0]), code="response_not_found")
     if isinstance(exc, NotImplementedError):
         return _HTTPError(400, str(exc), code="unsupported_parameter")
     if isinstance(exc, SessionAbandonedError):

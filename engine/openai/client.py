@@ -73,6 +73,7 @@ from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.chat import (ChatCompletion, ChatCompletionChunk, ChatCompletionMessage,
                                ChatCompletionMessageToolCallUnion, ChatCompletionTokenLogprob)
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.responses import Response
 from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall, Function
 
 from ..chat import assistant_message, decode_text, encode_text, message_delta, record_drift, render_messages
@@ -159,6 +160,7 @@ class EngineOpenAI(openai.AsyncOpenAI):
         self.cache = cache if cache is not None else InteractionCache()
         self.model = model
         self.metadata = dict(metadata or {})
+        self._stored_responses: dict[str, Any] = {}  # response id -> StoredResponse (previous_response_id)
 
     # -- the OpenAI surface ----------------------------------------------------------
     @cached_property
@@ -168,6 +170,10 @@ class EngineOpenAI(openai.AsyncOpenAI):
     @cached_property
     def completions(self) -> Any:
         return _Completions(self)
+
+    @cached_property
+    def responses(self) -> Any:
+        return _Responses(self)
 
     def copy(self, **_: Any) -> EngineOpenAI:
         """This client: connection options mean nothing in-process."""
@@ -432,6 +438,87 @@ class EngineOpenAI(openai.AsyncOpenAI):
         if stream:
             return ChunkStream(completion_chunks(completion, usage=usage), usage=usage)
         return completion
+
+
+    async def create_response(self, *, input: Any, instructions: Any = None, tools: Any = None,
+                              tool_choice: Any = None, temperature: Any = None, top_p: Any = None,
+                              max_output_tokens: Any = None, previous_response_id: Any = None, store: Any = None,
+                              stream: Any = None, include: Any = None, top_logprobs: Any = None, text: Any = None,
+                              seed: Any = None, **other: Any) -> Response | ChunkStream[Any]:
+        """``client.responses.create``: the Responses API on the chat path
+        (:mod:`engine.openai._responses`); recorded as one interaction whose id is
+        the response id.
+
+        Returns:
+            The ``Response``; with ``stream=True`` a ``ChunkStream`` of its events.
+
+        Raises:
+            InvalidRequestError: an unsupported parameter, item or tool, or no token budget left.
+            ResponseNotFoundError: ``previous_response_id`` names no stored response of this client.
+        """
+        from ._response_events import response_events
+        from ._responses import (RESPONSE_IGNORED, ResponseNotFoundError, StoredResponse, build_response, chat_tools,
+                                 check_options, input_messages)
+
+        given = {k: _given(v) for k, v in other.items() if _given(v) is not None}
+        unknown = sorted(k for k in given if k not in RESPONSE_IGNORED and k not in ("background", "conversation",
+                                                                                      "prompt", "background_options"))
+        if unknown:
+            raise InvalidRequestError(f"responses.create: unsupported parameter(s) {unknown}")
+        params = {**given, "instructions": _given(instructions), "temperature": _given(temperature),
+                  "top_p": _given(top_p), "tool_choice": _given(tool_choice), "text": _given(text),
+                  "max_output_tokens": _given(max_output_tokens), "include": _given(include),
+                  "top_logprobs": _given(top_logprobs)}
+        logprobs = check_options(params)
+        previous_id, previous = _given(previous_response_id), None
+        if previous_id is not None:
+            previous = self._stored_responses.get(previous_id)
+            if previous is None:
+                raise ResponseNotFoundError(f"previous_response_id {previous_id!r}: no stored response of this "
+                                            "session has that id (responses made with store=false are not kept)")
+        messages, instructions = input_messages(_given(input), instructions=params["instructions"], previous=previous)
+        tools = _given(tools)
+        completion, (interaction,) = await self._chat(
+            messages=messages, tools=chat_tools(tools), tool_choice=params["tool_choice"], n=None, logprobs=logprobs,
+            response_format=None, logit_bias=None, ignored={}, completion_id=_new_id("resp_"),
+            sampling=dict(max_tokens=None, max_completion_tokens=params["max_output_tokens"],
+                          temperature=params["temperature"], top_p=params["top_p"], stop=None, seed=seed,
+                          frequency_penalty=None))
+        response = build_response(completion, interaction, params=params, tools=tools, logprobs=logprobs,
+                                  previous_response_id=previous_id, new_id=_new_id)
+        interaction.completion = response
+        if _given(store) is not False:
+            self._stored_responses[response.id] = StoredResponse(
+                response, messages[1:] if instructions else messages, interaction.output_message, instructions)
+        if _given(stream):
+            return ChunkStream(response_events(response), kind="event")
+        return response
+
+    def retrieve_response(self, response_id: str) -> Response:
+        """A stored response (``client.responses.retrieve``).
+
+        Raises:
+            ResponseNotFoundError: none of that id (or it was made with ``store=false``).
+        """
+        from ._responses import ResponseNotFoundError
+
+        stored = self._stored_responses.get(response_id)
+        if stored is None:
+            raise ResponseNotFoundError(f"no stored response {response_id!r} in this session")
+        return stored.response
+
+
+class _Responses:
+    def __init__(self, client: EngineOpenAI) -> None:
+        self._client = client
+
+    async def create(self, **kwargs: Any) -> Response | ChunkStream[Any]:
+        """:meth:`EngineOpenAI.create_response`."""
+        return await self._client.create_response(**kwargs)
+
+    async def retrieve(self, response_id: str, **_: Any) -> Response:
+        """:meth:`EngineOpenAI.retrieve_response`."""
+        return self._client.retrieve_response(response_id)
 
 
 class _ChatCompletions:

@@ -15,12 +15,17 @@ The server is hypercorn's trio worker serving a Starlette app inside the
 caller's trio loop (the engine's), bound to ``127.0.0.1`` (port 0 = any free
 port; ``proxy.url`` says which).
 
-Routes (errors are OpenAI-style ``{"error": {"message", "type", "code"}}``):
+Routes (errors are OpenAI-style ``{"error": {"message", "type", "code"}}``; with
+``"stream": true`` the completion routes answer with server-sent events in
+OpenAI's format, generated and recorded first, :mod:`engine.openai._streaming`):
 
 =============================  ===============================================================
 ``GET /v1/models``             the one model (``ProxyConfig.model``)
 ``POST /v1/chat/completions``  :meth:`EngineOpenAI.create_chat_completion` in the session
 ``POST /v1/completions``       :meth:`EngineOpenAI.create_completion` in the session
+``POST /v1/responses``         :meth:`EngineOpenAI.create_response` in the session (the Responses API;
+                               ``previous_response_id`` names a response of the same session)
+``GET /v1/responses/{id}``     a stored response of the session
 ``POST /rl/start_session``     ``{"data": {...}}`` (optional: the episode's dataset item); submits the
                                episode, waits for the engine to admit it (its staleness and
                                concurrency bounds gate sessions), returns ``session_id``, ``api_key``,

@@ -95,15 +95,21 @@ class ProxyRoutes:
         self.proxy._counts["requests"] += 1
         session.active_requests += 1
         session.touch()
+        result = None
         try:
-            with collect_drift_events() as drifts:
-                result = await _unless_disconnected(request, functools.partial(create, **body))
-            session.drift_details += drifts
+            with trio.CancelScope() as scope:  # cancelled when an attached session ends
+                session.request_scopes.add(scope)
+                with collect_drift_events() as drifts:
+                    result = await _unless_disconnected(request, functools.partial(create, **body))
+                session.drift_details += drifts
         except TypeError as exc:  # e.g. a required argument missing
             raise _HTTPError(400, f"bad arguments: {exc}") from exc
         finally:
+            session.request_scopes.discard(scope)
             session.active_requests -= 1
             session.touch()
+        if scope.cancelled_caught:
+            raise _HTTPError(409, f"session {session.session_id} ended during the request", code="session_ended")
         if result is None:  # the client went away: nobody to answer
             return Response(status_code=499)
         if isinstance(result, ChunkStream):  # stream=True: generated and recorded; sent as server-sent events
@@ -175,6 +181,9 @@ class ProxyRoutes:
 
         body = await _json_body(request, allow_empty=True)
         session = self._session_of(request, body)
+        if session.attached:
+            raise _HTTPError(409, f"session {session.session_id} belongs to a workflow (open_agent_session); it "
+                                  "ends when the workflow's block ends", code="session_attached")
         n = await self.proxy.end_session(session, discount=body.get("discount"), style=body.get("style"),
                                    drop_retry_orphans=body.get("drop_retry_orphans"))
         return JSONResponse({"session_id": session.session_id, "task_id": session.task_id, "interactions": n})

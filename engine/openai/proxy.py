@@ -209,6 +209,39 @@ class OpenAIProxy:
                                        "(admission timeout or client disconnect)")
         return session
 
+    def attach_session(self, client: Any) -> ProxySession:
+        """A session served by ``client`` (an :class:`~engine.openai.EngineOpenAI` of a
+        running episode) instead of an episode of its own: it is active at once, its
+        requests record into ``client.cache``, and it ends with :meth:`detach_session`
+        (``/rl/end_session`` refuses it).  :func:`engine.openai.open_agent_session` wraps both.
+
+        Raises:
+            trio.ClosedResourceError: the proxy is closed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the OpenAI proxy is closed")
+        session = ProxySession(session_id=f"sess-{os.urandom(8).hex()}", api_key=f"sk-session-{os.urandom(16).hex()}",
+                               data={}, cache=client.cache, client=client, state="active", attached=True)
+        session.touch()
+        self.sessions[session.session_id] = session
+        self._by_key[session.api_key] = session
+        self._counts["started"] += 1
+        return session
+
+    def detach_session(self, session: ProxySession) -> list[str]:
+        """End an attached session: its requests still in flight are cancelled (their
+        generations withdrawn) and its key stops working.
+
+        Returns:
+            the drift events of its requests (for the caller to record in its episode).
+        """
+        for scope in list(session.request_scopes):
+            scope.cancel()
+        if session.state != "abandoned":
+            session.state = "ended"
+        self._forget(session)
+        return list(session.drift_details)
+
     def set_reward(self, session: ProxySession, reward: Any, interaction_id: str | None = None) -> None:
         """Set a completion's reward (the session's last one when ``interaction_id`` is None).
 

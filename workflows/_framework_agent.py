@@ -20,10 +20,12 @@ at debug level and the episode keeps its interactions.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from engine.errors import WorkflowError
 from engine.imports import resolve_reward_fn
 from engine.types import GenerationHyperparameters
 from engine.workflow import EpisodeEngine, RolloutWorkflow
@@ -64,8 +66,12 @@ class FrameworkMathAgent(RolloutWorkflow):
     Raises:
         ValueError: ``max_turns < 1``, ``turn_discount`` outside ``[0, 1]`` or an
             unknown ``export_style``.
+        WorkflowError: the framework is not installed (the ``agents`` extra).
         RewardError: ``reward_fn`` cannot be resolved.
     """
+
+    #: the modules the framework needs (checked at construction: one clear error, not one per episode)
+    requires: tuple[str, ...] = ()
 
     def __init__(self, reward_fn: Callable[..., Any] | str, gconfig: GenerationHyperparameters, tokenizer: Any,
                  max_turns: int = 4, turn_discount: float = 1.0, export_style: str = "concat",
@@ -73,6 +79,10 @@ class FrameworkMathAgent(RolloutWorkflow):
                  enable_thinking: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
         from engine.openai.interaction import EXPORT_STYLES
 
+        missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
+        if missing:
+            raise WorkflowError(f"{type(self).__name__} needs the agent frameworks it is written with ({', '.join(missing)} "
+                                "not found): pip install 'trio-rollout[agents]'")
         self.max_turns, self.turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
         if export_style not in EXPORT_STYLES:
             raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")

@@ -36,6 +36,8 @@ class AgentsSDKMathWorkflow(FrameworkMathAgent):
         **kwargs: as :class:`~workflows._framework_agent.FrameworkMathAgent`.
     """
 
+    requires = ("agents",)
+
     def __init__(self, *args: Any, streamed: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.streamed = bool(streamed)

@@ -41,6 +41,8 @@ class LangGraphMathWorkflow(FrameworkMathAgent):
         **kwargs: as :class:`~workflows._framework_agent.FrameworkMathAgent`.
     """
 
+    requires = ("langgraph", "langchain_openai")
+
     def __init__(self, *args: Any, use_responses_api: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.use_responses_api = bool(use_responses_api)

@@ -48,11 +48,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from openai.types.chat import ChatCompletion
 from openai.types.responses import (Response, ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText,
                                     ResponseUsage)
+from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_output_text import Logprob
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
@@ -215,7 +216,7 @@ def build_response(completion: ChatCompletion, interaction: Interaction, *, para
     """The ``Response`` of a chat completion made for a Responses request."""
     choice = completion.choices[0]
     incomplete = choice.finish_reason == "length"
-    status = "incomplete" if incomplete else "completed"
+    status: Literal["incomplete", "completed"] = "incomplete" if incomplete else "completed"
     output: list[Any] = []
     content = choice.message.content
     if content:
@@ -236,7 +237,7 @@ def build_response(completion: ChatCompletion, interaction: Interaction, *, para
     return Response(
         id=completion.id, object="response", created_at=float(completion.created), completed_at=time.time(),
         model=completion.model, status=status, output=output, error=None,
-        incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+        incomplete_details=IncompleteDetails(reason="max_output_tokens") if incomplete else None,
         instructions=params.get("instructions"), metadata=params.get("metadata"),
         parallel_tool_calls=params.get("parallel_tool_calls", True) is not False,
         temperature=params.get("temperature"), top_p=params.get("top_p"),

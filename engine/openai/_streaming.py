@@ -61,11 +61,9 @@ def include_usage(stream_options: Any, stream: bool) -> bool:
 
 def chat_completion_chunks(completion: ChatCompletion, *, usage: bool = False) -> list[ChatCompletionChunk]:
     """The chunks of a streamed ``completion`` (see the module docstring)."""
-    base = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
-            "model": completion.model}
-
     def chunk(choices: list[ChunkChoice]) -> ChatCompletionChunk:
-        return ChatCompletionChunk(**base, choices=choices)
+        return ChatCompletionChunk(id=completion.id, object="chat.completion.chunk", created=completion.created,
+                                   model=completion.model, choices=choices)
 
     out = []
     for choice in completion.choices:

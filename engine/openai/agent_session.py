@@ -43,7 +43,7 @@ from .cache import InteractionCache
 from .client import EngineOpenAI
 from .interaction import Interaction
 
-__all__ = ["AgentSession", "PROXY_KEY", "open_agent_session"]
+__all__ = ["AgentSession", "PROXY_KEY", "open_agent_session", "shared_proxy"]
 
 #: The key of the engine's shared agent proxy (:meth:`engine.RolloutEngine.shared_resource`).
 PROXY_KEY = "engine.openai.agent_proxy"
@@ -95,6 +95,16 @@ def _shared_proxy(engine: Any) -> Any:
     return open_openai_proxy(engine, None, ProxyConfig(admin_api_key=os.urandom(24).hex()))
 
 
+async def shared_proxy(engine: Any) -> Any:
+    """The engine's shared :class:`~engine.openai.OpenAIProxy` (opened if it is not yet):
+    its ``statistics()`` count the agent sessions and their requests.
+
+    Raises:
+        trio.ClosedResourceError: the engine is closed.
+    """
+    return await engine.shared_resource(PROXY_KEY, functools.partial(_shared_proxy, engine))
+
+
 @asynccontextmanager
 async def open_agent_session(engine: Any, tokenizer: Any, *, gconfig: GenerationHyperparameters | None = None,
                              tool_parser: Any = "hermes", chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -114,7 +124,7 @@ async def open_agent_session(engine: Any, tokenizer: Any, *, gconfig: Generation
         OSError: the shared proxy cannot bind its port.
     """
     if proxy is None:
-        proxy = await engine.shared_resource(PROXY_KEY, functools.partial(_shared_proxy, engine))
+        proxy = await shared_proxy(engine)
     client = EngineOpenAI(engine, tokenizer, gconfig=gconfig, tool_parser=tool_parser,
                           chat_template_kwargs=chat_template_kwargs, model=model)
     session = proxy.attach_session(client)

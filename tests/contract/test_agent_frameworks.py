@@ -19,7 +19,7 @@ import torch
 import trio
 
 from engine import EngineConfig, GenerationHyperparameters, HFBackend, open_rollout_engine
-from engine.openai.agent_session import PROXY_KEY
+from engine.openai.agent_session import shared_proxy
 from engine.testing import InProcessRewardPool, build_tiny_model, build_tiny_tokenizer
 from openai_fixtures import ScriptedBackend, tool_call_text
 from workflows.agents_sdk_math import AgentsSDKMathWorkflow
@@ -45,7 +45,7 @@ async def _run_one(workflow, backend):
     with trio.fail_after(BOUND_S):
         async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:
             result = await engine.wait_for_task(engine.submit(dict(ITEM), workflow))
-            proxy = await engine.shared_resource(PROXY_KEY, None)  # opened by the episode
+            proxy = await shared_proxy(engine)  # opened by the episode
             stats, pstats = engine.statistics(), proxy.statistics()
     return result, stats, pstats
 
@@ -110,7 +110,7 @@ async def test_32_concurrent_agents_sdk_sessions_on_the_tiny_model_are_all_accep
             for i in range(n):
                 engine.submit({**ITEM, "i": i}, workflow)
             results = await engine.wait_results(n)
-            pstats = (await engine.shared_resource(PROXY_KEY, None)).statistics()
+            pstats = (await shared_proxy(engine)).statistics()
             stats = engine.statistics()
     assert sorted(r.status for r in results) == ["accepted"] * n
     assert stats.retokenization_drifts == 0 and (pstats.started, pstats.ended, pstats.abandoned) == (n, n, 0)

@@ -6,6 +6,7 @@ every wait is bounded by trio.fail_after."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import signal
 import threading
 from contextlib import asynccontextmanager
@@ -191,3 +192,17 @@ async def test_shared_resources_open_once_close_newest_first_after_the_episodes(
     assert got == ["a"] * 5 + ["b"]
     assert log == ["open a", "open b", "open flaky", "open flaky", "engine closing",
                    "close flaky", "close b", "close a"]
+
+
+async def test_a_shared_resource_runs_in_the_engines_context_not_the_first_askers():
+    """Regression: the first episode's context (its drift-event sink) leaked into the shared proxy."""
+    var = contextvars.ContextVar("var", default="engine")
+
+    @asynccontextmanager
+    async def cm():
+        yield var.get()
+
+    with trio.fail_after(BOUND_S):
+        async with open_rollout_engine(_backend(), reward_pool=InProcessRewardPool()) as engine:
+            var.set("episode")
+            assert await engine.shared_resource("ctx", cm) == "engine"

@@ -38,9 +38,9 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar, cast
 
 import trio
 from tensordict import TensorDict
@@ -56,6 +56,7 @@ from ._gc import gc_tuned
 from ._generate import generate
 from ._ledger import Ledger
 from ._lifecycle import open_services
+from ._resources import EngineResources, open_engine_resources
 from ._records import (EngineCalls, EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id,
                        is_cancellation, sample_index)
 from .backends.base import InferenceBackend, WeightSync
@@ -65,6 +66,8 @@ from .dump import TrajectoryDumper
 from .errors import BackendError, unwrap_single
 from .types import ModelRequest, ModelResponse
 from .workflow import EngineRewards, EpisodeEngine
+
+T = TypeVar("T")
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -88,6 +91,7 @@ class RolloutEngine:
     def __init__(self, nursery: trio.Nursery, backend: InferenceBackend,
                  reward_pool: EngineRewards | None, config: EngineConfig, dumper: TrajectoryDumper | None = None) -> None:
         self._dumper = dumper
+        self._resources: EngineResources | None = None  # set by open_rollout_engine
         self.backend = backend
         self.reward_pool = reward_pool
         self.config = config
@@ -128,6 +132,23 @@ class RolloutEngine:
             trio.ClosedResourceError: the engine is closed.
         """
         return await generate(req, self.backend, self._admission, self._ledger)  # engine._generate
+
+    async def shared_resource(self, key: Hashable, opener: Callable[[], AbstractAsyncContextManager[T]]) -> T:
+        """A resource shared by this engine's episodes (e.g. the asyncio loop of
+        :func:`engine.aio.run_asyncio`): ``opener()``, an async context manager, is
+        entered on the first call with ``key`` and its value returned to every call;
+        it exits when the engine closes, after the episodes and the backend
+        (:mod:`engine._resources`).
+
+        Raises:
+            trio.ClosedResourceError: the engine is closed (or was not opened by
+                :func:`open_rollout_engine`).
+            Whatever ``opener()`` raises while it opens (the next call tries again).
+        """
+        if self._resources is None:
+            raise trio.ClosedResourceError("shared_resource: this engine has no resource scope (open it with "
+                                           "open_rollout_engine)")
+        return cast(T, await self._resources.get(key, opener))
 
     # -- version, pause ------------------------------------------------------------
     @property
@@ -511,8 +532,11 @@ async def open_rollout_engine(backend: InferenceBackend, config: EngineConfig | 
     dumper = TrajectoryDumper(config.dump_dir, tokenizer) if config.dump_dir else None
     try:
         with gc_tuned(config.gc_tuning):
-            async with open_services(backend, config, reward_pool, dumper) as (nursery, pool):
+            # shared resources (engine.shared_resource) close after the episodes and the backend
+            async with open_engine_resources() as resources, \
+                    open_services(backend, config, reward_pool, dumper) as (nursery, pool):
                 engine = RolloutEngine(nursery, backend, pool, config, dumper)
+                engine._resources = resources
                 nursery.start_soon(engine._admit_forever, name="admission")
                 try:
                     yield engine

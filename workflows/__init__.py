@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 
-__all__ = ["BUILTIN_WORKFLOWS", "MathAgentWorkflow", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow",
+__all__ = ["AgentsSDKMathWorkflow", "BUILTIN_WORKFLOWS", "LangGraphMathWorkflow", "MathAgentWorkflow", "MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "VisionRLVRWorkflow",
            "resolve_workflow"]
 
 _LAZY = {
+    "AgentsSDKMathWorkflow": "workflows.agents_sdk_math",
+    "LangGraphMathWorkflow": "workflows.langgraph_math",
     "BUILTIN_WORKFLOWS": "workflows.registry",
     "MathAgentWorkflow": "workflows.math_agent",
     "MultiTurnWorkflow": "workflows.multi_turn",
@@ -25,6 +27,8 @@ _LAZY = {
 
 if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on first access
     from engine.workflow import RolloutWorkflow as RolloutWorkflow, resolve_workflow as resolve_workflow
+    from .agents_sdk_math import AgentsSDKMathWorkflow as AgentsSDKMathWorkflow
+    from .langgraph_math import LangGraphMathWorkflow as LangGraphMathWorkflow
     from .math_agent import MathAgentWorkflow as MathAgentWorkflow
     from .multi_turn import MultiTurnWorkflow as MultiTurnWorkflow
     from .registry import BUILTIN_WORKFLOWS as BUILTIN_WORKFLOWS

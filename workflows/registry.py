@@ -48,6 +48,17 @@ BUILTIN_WORKFLOWS: dict[str, BuiltinWorkflow] = {
             "turn_discount, export_style",
         summary="GSM8K agent with a calculator tool through the engine's OpenAI client (returns interactions)",
     ),
+    "agents_sdk_math": BuiltinWorkflow(
+        "workflows.agents_sdk_math.AgentsSDKMathWorkflow",
+        row="as math_agent; kwargs max_turns, turn_discount, export_style, streamed (needs the agents extra)",
+        summary="the GSM8K agent written with the OpenAI Agents SDK (Responses API) against the engine's proxy",
+    ),
+    "langgraph_math": BuiltinWorkflow(
+        "workflows.langgraph_math.LangGraphMathWorkflow",
+        row="as math_agent; kwargs max_turns, turn_discount, export_style, use_responses_api (needs the agents "
+            "extra)",
+        summary="the GSM8K agent written with LangGraph's ReAct agent (streamed) against the engine's proxy",
+    ),
     "vision_rlvr": BuiltinWorkflow(
         "workflows.vision_rlvr.VisionRLVRWorkflow",
         row="'images' (PIL images, file paths or bytes) and 'messages'; other keys reach the reward",

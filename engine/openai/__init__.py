@@ -8,7 +8,10 @@
   "concat"), which ``arun_episode`` may return;
 * :func:`open_openai_proxy`: an OpenAI-compatible HTTP server on 127.0.0.1
   (hypercorn's trio worker + Starlette) inside the engine's trio loop, one
-  episode per session.
+  episode per session (chat completions streamed or not, ``n > 1``, completions,
+  the Responses API);
+* :func:`open_agent_session`: an HTTP session of the running episode for an
+  asyncio agent framework (with :func:`engine.aio.run_asyncio`).
 
 Names resolve lazily: importing this package does not import ``openai``.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __all__ = [
+    "AgentSession",
     "EngineOpenAI",
     "Interaction",
     "InteractionCache",
@@ -27,12 +31,14 @@ __all__ = [
     "ProxyConfig",
     "ProxySession",
     "ProxyStatistics",
+    "open_agent_session",
     "open_openai_proxy",
     "resolve_tool_parser",
     "trajectory_from_interactions",
 ]
 
 _LAZY = {
+    "AgentSession": "engine.openai.agent_session",
     "EngineOpenAI": "engine.openai.client",
     "Interaction": "engine.openai.interaction",
     "InteractionCache": "engine.openai.cache",
@@ -42,6 +48,7 @@ _LAZY = {
     "ProxyConfig": "engine.openai.proxy",
     "ProxySession": "engine.openai.proxy",
     "ProxyStatistics": "engine.openai.proxy",
+    "open_agent_session": "engine.openai.agent_session",
     "open_openai_proxy": "engine.openai.proxy",
     "resolve_tool_parser": "engine.openai.tool_calls",
     "trajectory_from_interactions": "engine.openai.interaction",
@@ -49,6 +56,7 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time each name resolves on first access
+    from .agent_session import AgentSession as AgentSession, open_agent_session as open_agent_session
     from .cache import InteractionCache as InteractionCache
     from .client import EngineOpenAI as EngineOpenAI
     from .interaction import Interaction as Interaction, trajectory_from_interactions as trajectory_from_interactions

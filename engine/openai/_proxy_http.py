@@ -10,7 +10,7 @@ import hmac
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -19,6 +19,8 @@ from ..chat import collect_drift_events
 from ..errors import BackendError, InvalidRequestError, SessionAbandonedError, WorkflowError, unwrap_single
 
 from ._proxy_session import ProxyConfig, ProxySession
+from ._responses import ResponseNotFoundError
+from ._streaming import ChunkStream
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -93,17 +95,28 @@ class ProxyRoutes:
         self.proxy._counts["requests"] += 1
         session.active_requests += 1
         session.touch()
+        result = None
         try:
-            with collect_drift_events() as drifts:
-                result = await _unless_disconnected(request, functools.partial(create, **body))
-            session.drift_details += drifts
+            with trio.CancelScope() as scope:  # cancelled when an attached session ends
+                session.request_scopes.add(scope)
+                with collect_drift_events() as drifts:
+                    result = await _unless_disconnected(request, functools.partial(create, **body))
+                session.drift_details += drifts
         except TypeError as exc:  # e.g. a required argument missing
             raise _HTTPError(400, f"bad arguments: {exc}") from exc
         finally:
+            session.request_scopes.discard(scope)
             session.active_requests -= 1
             session.touch()
+        if scope.cancelled_caught:
+            raise _HTTPError(409, f"session {session.session_id} ended during the request", code="session_ended")
         if result is None:  # the client went away: nobody to answer
             return Response(status_code=499)
+        if isinstance(result, ChunkStream):  # stream=True: generated and recorded; sent as server-sent events
+            from starlette.responses import StreamingResponse
+
+            return StreamingResponse(_chunks_of(result.sse()), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         return JSONResponse(result.model_dump(mode="json"))
 
     async def _chat_completions(self, request: Any) -> Any:
@@ -111,6 +124,16 @@ class ProxyRoutes:
 
     async def _completions(self, request: Any) -> Any:
         return await self._complete(request, "create_completion")
+
+    async def _responses(self, request: Any) -> Any:
+        return await self._complete(request, "create_response")
+
+    async def _retrieve_response(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        session = self._session_of(request)
+        response = session.client.retrieve_response(request.path_params["response_id"])
+        return JSONResponse(response.model_dump(mode="json"))
 
     async def _models(self, request: Any) -> Any:
         from openai.types import Model
@@ -158,6 +181,9 @@ class ProxyRoutes:
 
         body = await _json_body(request, allow_empty=True)
         session = self._session_of(request, body)
+        if session.attached:
+            raise _HTTPError(409, f"session {session.session_id} belongs to a workflow (open_agent_session); it "
+                                  "ends when the workflow's block ends", code="session_attached")
         n = await self.proxy.end_session(session, discount=body.get("discount"), style=body.get("style"),
                                    drop_retry_orphans=body.get("drop_retry_orphans"))
         return JSONResponse({"session_id": session.session_id, "task_id": session.task_id, "interactions": n})
@@ -172,6 +198,8 @@ class ProxyRoutes:
             Route("/v1/models", wrap(self._models), methods=["GET"]),
             Route("/v1/chat/completions", wrap(self._chat_completions), methods=["POST"]),
             Route("/v1/completions", wrap(self._completions), methods=["POST"]),
+            Route("/v1/responses", wrap(self._responses), methods=["POST"]),
+            Route("/v1/responses/{response_id}", wrap(self._retrieve_response), methods=["GET"]),
             Route("/rl/start_session", wrap(self._start_session), methods=["POST"]),
             Route("/rl/set_reward", wrap(self._set_reward), methods=["POST"]),
             Route("/rl/end_session", wrap(self._end_session), methods=["POST"]),
@@ -200,6 +228,8 @@ class ProxyRoutes:
 def _http_error(exc: Exception) -> _HTTPError:
     if isinstance(exc, _HTTPError):
         return exc
+    if isinstance(exc, ResponseNotFoundError):
+        return _HTTPError(404, str(exc.args[0]), code="response_not_found")
     if isinstance(exc, NotImplementedError):
         return _HTTPError(400, str(exc), code="unsupported_parameter")
     if isinstance(exc, SessionAbandonedError):
@@ -211,6 +241,23 @@ def _http_error(exc: Exception) -> _HTTPError:
     if isinstance(exc, trio.ClosedResourceError):
         return _HTTPError(503, f"closed: {exc}", "server_error")
     return _HTTPError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+class _chunks_of:
+    """An async iterator over in-memory events (not an async generator: nothing to
+    finalize when the client leaves mid-stream)."""
+
+    def __init__(self, events: Iterator[bytes]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return next(self._events)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
 
 def _bearer(request: Any) -> str | None:

@@ -117,6 +117,8 @@ class ProxySession:
         state: ``"starting"``, ``"active"``, ``"ending"``, ``"ended"`` or ``"abandoned"``.
         abandon_reason: why it was abandoned, if it was.
         exported: interactions handed to the engine at its end.
+        attached: made by :meth:`~engine.openai.OpenAIProxy.attach_session` (a
+            workflow's session: no episode of its own, no ``end_session``).
     """
 
     session_id: str
@@ -132,6 +134,8 @@ class ProxySession:
     active_requests: int = 0
     last_activity: float = 0.0
     drift_details: list[str] = field(default_factory=list)
+    attached: bool = False  # made by attach_session: a workflow's, not an episode of its own
+    request_scopes: set[trio.CancelScope] = field(default_factory=set)  # its requests in flight
     admitted: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
     _wake: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)

@@ -15,12 +15,17 @@ The server is hypercorn's trio worker serving a Starlette app inside the
 caller's trio loop (the engine's), bound to ``127.0.0.1`` (port 0 = any free
 port; ``proxy.url`` says which).
 
-Routes (errors are OpenAI-style ``{"error": {"message", "type", "code"}}``):
+Routes (errors are OpenAI-style ``{"error": {"message", "type", "code"}}``; with
+``"stream": true`` the completion routes answer with server-sent events in
+OpenAI's format, generated and recorded first, :mod:`engine.openai._streaming`):
 
 =============================  ===============================================================
 ``GET /v1/models``             the one model (``ProxyConfig.model``)
 ``POST /v1/chat/completions``  :meth:`EngineOpenAI.create_chat_completion` in the session
 ``POST /v1/completions``       :meth:`EngineOpenAI.create_completion` in the session
+``POST /v1/responses``         :meth:`EngineOpenAI.create_response` in the session (the Responses API;
+                               ``previous_response_id`` names a response of the same session)
+``GET /v1/responses/{id}``     a stored response of the session
 ``POST /rl/start_session``     ``{"data": {...}}`` (optional: the episode's dataset item); submits the
                                episode, waits for the engine to admit it (its staleness and
                                concurrency bounds gate sessions), returns ``session_id``, ``api_key``,
@@ -203,6 +208,39 @@ class OpenAIProxy:
                 self._abandon(session, "the engine did not admit the session before its client gave up "
                                        "(admission timeout or client disconnect)")
         return session
+
+    def attach_session(self, client: Any) -> ProxySession:
+        """A session served by ``client`` (an :class:`~engine.openai.EngineOpenAI` of a
+        running episode) instead of an episode of its own: it is active at once, its
+        requests record into ``client.cache``, and it ends with :meth:`detach_session`
+        (``/rl/end_session`` refuses it).  :func:`engine.openai.open_agent_session` wraps both.
+
+        Raises:
+            trio.ClosedResourceError: the proxy is closed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the OpenAI proxy is closed")
+        session = ProxySession(session_id=f"sess-{os.urandom(8).hex()}", api_key=f"sk-session-{os.urandom(16).hex()}",
+                               data={}, cache=client.cache, client=client, state="active", attached=True)
+        session.touch()
+        self.sessions[session.session_id] = session
+        self._by_key[session.api_key] = session
+        self._counts["started"] += 1
+        return session
+
+    def detach_session(self, session: ProxySession) -> list[str]:
+        """End an attached session: its requests still in flight are cancelled (their
+        generations withdrawn) and its key stops working.
+
+        Returns:
+            the drift events of its requests (for the caller to record in its episode).
+        """
+        for scope in list(session.request_scopes):
+            scope.cancel()
+        if session.state != "abandoned":
+            session.state = "ended"
+        self._forget(session)
+        return list(session.drift_details)
 
     def set_reward(self, session: ProxySession, reward: Any, interaction_id: str | None = None) -> None:
         """Set a completion's reward (the session's last one when ``interaction_id`` is None).

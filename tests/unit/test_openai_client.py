@@ -90,10 +90,10 @@ async def test_parameters_reach_the_request_and_bad_ones_are_refused(tok):
         assert (g.greedy, g.top_p, g.max_new_tokens, g.stop, g.seed, budget) == (True, 0.5, 3, ["x"], 7, 3)
         assert 4 in g.stop_token_ids and 0 in g.stop_token_ids  # the tokenizer's eos and pad
         assert c.choices[0].finish_reason == "length" and c.choices[0].message.content == "hel"
-        with pytest.raises(NotImplementedError, match="n=2"):
-            await client.chat.completions.create(messages=QUESTION, n=2)
-        with pytest.raises(NotImplementedError, match="stream"):
-            await client.chat.completions.create(messages=QUESTION, stream=True)
+        with pytest.raises(InvalidRequestError, match=r"n must be an int in \[1, 128\], got 0"):
+            await client.chat.completions.create(messages=QUESTION, n=0)
+        with pytest.raises(InvalidRequestError, match="stream_options is only allowed with stream=True"):
+            await client.chat.completions.create(messages=QUESTION, stream_options={"include_usage": True})
         with pytest.raises(InvalidRequestError, match="not both"):
             await client.chat.completions.create(messages=QUESTION, max_tokens=3, max_completion_tokens=3)
         with pytest.raises(InvalidRequestError, match="messages must be a non-empty list"):
@@ -337,3 +337,20 @@ async def test_a_dict_of_something_else_fails_the_episode_with_a_clear_error(tok
     assert (bad.status, bad.reason, bad.error_type) == ("failed", "workflow_error", "TypeError")
     assert "value at 'input_ids' is a Tensor" in bad.error_message
     assert (empty.status, empty.reason) == ("rejected", "workflow_returned_none")
+
+
+async def test_in_process_stream_and_n_record_like_plain_calls(tok):
+    backend = ScriptedBackend(tok, ["#### 5", "#### 4", "#### 3"])
+    async with open_rollout_engine(backend, reward_pool=InProcessRewardPool()) as engine:
+        client = EngineOpenAI(engine, tok)
+        stream = await client.chat.completions.create(messages=QUESTION, stream=True,
+                                                      stream_options={"include_usage": True})
+        async with stream:
+            chunks = [c async for c in stream]
+        many = await client.chat.completions.create(messages=QUESTION, n=2)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "#### 5"
+    assert chunks[-1].usage.completion_tokens == backend.log[0][1].output_len
+    assert list(client.cache) == [chunks[0].id, f"{many.id}-0", f"{many.id}-1"]
+    first, *pair = client.cache.values()
+    assert first.output_ids == backend.log[0][1].output_tokens and first.completion.choices[0].message.content == "#### 5"
+    assert [i.input_ids for i in pair] == [backend.log[1][0]] * 2 and pair[0].parent is None

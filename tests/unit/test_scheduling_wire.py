@@ -1,12 +1,13 @@
 """Unit tier: ``ModelRequest.priority`` on the wire (scripted vLLM and SGLang fakes behind
 ``httpx.MockTransport``, virtual time): vLLM's sense as is, SGLang's negated, never a zero,
-and none to a vLLM server that does not schedule by priority (it would refuse the request)."""
+and none to a vLLM server that says it does not schedule by priority (older vLLM refused a
+non-zero one there; 0.32 ignores it: ``tests/contract/test_remote_vllm_priority.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import BackendError, EngineConfig, ModelRequest, open_rollout_engine
+from engine import EngineConfig, ModelRequest, open_rollout_engine
 from engine._schedule_base import PROBE_PRIORITY
 from engine.backends.remote import make_remote_backend
 from engine.types import GenerationHyperparameters as G
@@ -62,14 +63,13 @@ async def test_length_aware_priorities_reach_a_vllm_server_that_schedules_by_the
         continuation = [c for c in fake.generate_calls if len(c["prompt"]) > len(PROMPT)]
         assert len(continuation) == 1 and continuation[0]["priority"] == -64 and continuation[0]["max_tokens"] == 48
         assert len(sent) == 4 and set(sent[1:]) <= {-64, -56}
-    else:  # an fcfs server refuses a non-zero priority: none is sent, the policy still probes first
+    else:  # none to a server that schedules fcfs: the policy still probes first
         assert sent == [None] * 4 and fake.generate_calls[0]["max_tokens"] == 16
 
 
-async def test_without_the_startup_read_a_fcfs_vllm_server_refuses_priorities_clearly(reward_pool, autojump_clock):
+async def test_without_the_startup_read_priorities_are_sent(reward_pool, autojump_clock):
     fake = FakeVLLM(scheduling_policy="fcfs")
     backend = make(fake, "vllm", check_logprobs_mode=False, check_seeded_sampling=False)
     async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
-        with pytest.raises(BackendError, match="Priority scheduling is not enabled"):
-            await engine.agenerate(ModelRequest(input_ids=PROMPT, priority=-2, gconfig=G(max_new_tokens=4)))
-    assert backend.priority_scheduling is None
+        await engine.agenerate(ModelRequest(input_ids=PROMPT, priority=-2, gconfig=G(max_new_tokens=4)))
+    assert backend.priority_scheduling is None and fake.generate_calls[0]["priority"] == -2

@@ -10,11 +10,13 @@ values are those of :func:`engine.backends.sglang_wire.sampling_params`, under v
      "request_id": "<rid>@<seq>", "stream": false}
 
 A non-zero ``ModelRequest.priority`` is sent as ``priority`` (vLLM's own sense: lower is
-served first).  vLLM rejects a non-zero one (HTTP 400, "Got priority ... but Priority
-scheduling is not enabled") unless the server runs ``--scheduling-policy priority``, so
-when the start-up read of ``/server_info`` (below) shows a server with another policy the
-backend stops sending priorities (:attr:`VLLMBackend.priority_scheduling` is False; one
-log line says so) and a scheduling policy falls back to its admission order.
+served first); it orders the server's queue only with ``--scheduling-policy priority``.  vLLM
+0.32 ignores it under its default ``fcfs`` policy (``tests/contract/test_remote_vllm_priority.py``);
+older vLLM (the V0 engine) refused a non-zero one there with HTTP 400 ("Got priority ... but
+Priority scheduling is not enabled").  So when the start-up read of ``/server_info`` (below)
+shows a server with another policy, the backend stops sending priorities
+(:attr:`VLLMBackend.priority_scheduling` is False; one log line says so), and a scheduling
+policy relies on its own admission order.
 
 Answer: ``choices[0].token_ids`` (the stop/EOS token included), logprobs from
 ``choices[0].logprobs.token_logprobs`` (``"token_id:N"`` strings in ``logprobs.tokens`` are

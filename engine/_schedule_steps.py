@@ -51,7 +51,6 @@ class _StepPolicy(FCFS):
         self._in_step = False
         self._pipeline: set[int] = set()  # the pipeline's episodes, queued or running
         self._running: set[int] = set()  # of those, admitted
-        self.segments = self
         self.steps = 0
         self.cut_episodes = 0
 
@@ -116,6 +115,7 @@ class Overprovision(_StepPolicy):
         self._parked: set[Key] = set()
         self._release = trio.Event()  # set at the next step
         self._resuming: set[Key] = set()  # released members yet to re-send: the pipeline's queue waits
+        self.segments = self
         self.parks = 0
         self.resumed_segments = 0
 
@@ -200,6 +200,7 @@ class TailBatching(_StepPolicy):
         self._own: set[int] = set()  # alive episodes of deferred prompts: never cut
         self._scopes: dict[int, trio.CancelScope] = {}
         self._tokens: collections.Counter[int] = collections.Counter()  # tokens per alive episode
+        self.segments = self  # (it counts the tokens of episodes that may be cut)
         self.long_rounds = 0
         self.deferred_episodes = 0
         self.tokens_discarded = 0

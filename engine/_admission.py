@@ -8,7 +8,9 @@ running -> ended through its methods, which keep the :class:`~engine._ledger.Led
 counts in step.  The staleness policy (``max_head_offpolicyness`` = eta,
 ``staleness_policy``) is applied to each result here: a trajectory whose oldest
 generated token is more than eta versions behind the current version is rejected
-(``"stale"``) or flagged (``is_stale [B] bool``).  Sync, except :meth:`Admission.parked`;
+(``"stale"``) or flagged (``is_stale [B] bool``).  Which queued episode starts next is the
+scheduling policy's (:mod:`engine._scheduling`; ``"fcfs"``: the oldest), which admission
+builds and holds as :attr:`Admission.policy`.  Sync, except :meth:`Admission.parked`;
 owned by :class:`engine.executor.RolloutEngine`."""
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from tensordict import TensorDict
 from ._config import EngineConfig
 from ._ledger import Ledger
 from ._records import EpisodeResult, EpisodeStatus, RejectReason, Task
+from ._schedule_base import SchedulingPolicy
+from ._scheduling import make_policy
 from .staleness import StalenessManager
 
 __all__ = ["Admission"]
@@ -41,6 +45,7 @@ class Admission:
             ``run_episode(task)`` (a task named ``episode-<task id>``).
 
     Attributes:
+        policy: the scheduling policy of ``config.scheduling`` (:func:`engine._scheduling.make_policy`).
         version: the current policy version (``RolloutEngine.set_version`` sets it).
         staleness: the counters behind the capacity (``running``, ``accepted``).
         queue: the queued tasks, oldest first.
@@ -52,8 +57,9 @@ class Admission:
     def __init__(self, config: EngineConfig, version: int, ledger: Ledger, nursery: trio.Nursery,
                  run_episode: Callable[[Task], Awaitable[None]]) -> None:
         self.version = version
+        self.policy: SchedulingPolicy = make_policy(config, self.wake)
         self.staleness = StalenessManager(config.max_concurrent_rollouts, config.consumer_batch_size,
-                                          config.max_head_offpolicyness)
+                                          config.max_head_offpolicyness, extra=self.policy.extra_capacity)
         self.queue: collections.deque[Task] = collections.deque()
         self.running: dict[int, Task] = {}
         self.unpaused = trio.Event()
@@ -99,16 +105,24 @@ class Admission:
         actor, and by an ending episode so that its successor starts in the next pass
         of the run queue instead of the one after)."""
         while self.queue and not self.closed and self.unpaused.is_set() and self.staleness.capacity(self.version) > 0:
-            task = self.admit_next()
+            task = self.policy.pick(self.queue)  # "fcfs": the oldest
+            if task is None:  # the policy holds the queued ones back (it wakes admission when that changes)
+                return
+            self._start(task)
             self._nursery.start_soon(self._run_episode, task, name=f"episode-{task.task_id}")
 
     def admit_next(self) -> Task:
-        """Move the oldest queued task to running and return it (the caller starts it)."""
+        """Move the oldest queued task to running and return it (the caller starts it; a
+        sharded engine's coordinator, which schedules first come, first served)."""
         task = self.queue.popleft()
+        self._start(task)
+        return task
+
+    def _start(self, task: Task) -> None:
         self._ledger.started()
         self.staleness.running += 1
         self.running[task.task_id] = task
-        return task
+        self.policy.started(task)
 
     def requeued(self, task: Task) -> None:
         """A running task counts as queued again (a sharded engine's shard died with it);
@@ -125,6 +139,7 @@ class Admission:
         if result.status == EpisodeStatus.ACCEPTED:
             self.staleness.accepted += 1
         self._ledger.ended(result, was_running=was_running)
+        self.policy.ended(result.task_id)
 
     def reclassified(self, old: EpisodeResult, new: EpisodeResult) -> None:
         """An ended episode's result changed (accepted -> ``"stale"``): recount, wake admission."""
@@ -167,6 +182,9 @@ class Admission:
                     f"(max_head_offpolicyness={eta}, consumer_batch_size={B}, version={self.version}, "
                     f"{self.staleness.accepted} accepted) allows no more until set_version() is called "
                     "after a training step")
+        if self.policy.name != "fcfs" and self.staleness.capacity(self.version) > 0:
+            return (f"; {queued} episodes are queued and scheduling={self.policy.name!r} holds those of prepare_batch's "
+                    "pipeline back until its next step (the next prepare_batch call)")
         return f"; {queued} episodes are still queued"
 
     # -- the staleness policy -----------------------------------------------------------------

@@ -141,12 +141,15 @@ class BatchPipeline:
         def ready() -> bool:
             return (len(buffer) if dynamic_bs else buffer.accepted_results) >= B
 
+        policy = self._admission.policy
+
         def drained() -> bool:  # a one-pass dataloader ran out and all its episodes ended
-            return feeder.stream.exhausted and not feeder.inflight
+            return feeder.stream.exhausted and not feeder.inflight and not policy.pending_items()
 
         def stop_waiting() -> bool:
             return ready() or breaker.open or feeder.error is not None or drained()
 
+        policy.step_started()  # a step of the pipeline (what the step policies of engine._scheduling shape)
         self._calls.refill()
         deadline = trio.current_time() + (math.inf if timeout is None else timeout)
         while not stop_waiting() and trio.current_time() < deadline:
@@ -168,6 +171,7 @@ class BatchPipeline:
                         f"prepare_batch: the one-pass dataloader is exhausted after {feeder.stream.items_taken} "
                         "items and every episode it fed has been returned")
                 rest = self._calls.take([buffer.pop_oldest() for _ in range(len(buffer))])
+                policy.handed_out()
                 return concat_padded_tensors(accepted_trajectories(rest))
             raise TimeoutError(f"prepare_batch: fewer than {B} {'ended' if dynamic_bs else 'accepted'} results "
                                f"within {timeout} s{self._admission.why_waiting()}{breaker.recent_failures()}")
@@ -177,6 +181,7 @@ class BatchPipeline:
             taken.append(buffer.pop_oldest())
             accepted += taken[-1].status == EpisodeStatus.ACCEPTED
         self._calls.take(taken)
+        policy.handed_out()  # the step ends: a step policy cuts what still runs
         self._calls.refill()  # top the pipeline back up at once: the next batch generates while the trainer trains
         return concat_padded_tensors(accepted_trajectories(taken))
 
@@ -242,19 +247,27 @@ class BatchPipeline:
         feeder, buffer = self.feeder, self._buffer
         if feeder is None or self._admission.closed or self._breaker.open or feeder.error is not None:
             return
-        while (len(feeder.inflight) < feeder.ahead
-               and len(feeder.inflight) + buffer.accepted_results < feeder.limit):
-            try:
-                ok, item = feeder.stream.take()
-            except Exception as exc:  # the user's dataloader raised: prepare_batch re-raises it
-                feeder.error = exc
-                buffer.wake_consumers()
-                return
-            if not ok:
-                buffer.wake_consumers()  # a waiting prepare_batch may be drained now
-                return
-            feeder.inflight.add(self._calls.submit(item, feeder.workflow, should_accept_fn=feeder.should_accept_fn,
-                                                   group_size=feeder.group_size))
+        policy = self._admission.policy  # "fcfs": room = min(ahead - inflight, limit - inflight - accepted waiting)
+        room = policy.room(len(feeder.inflight), buffer.accepted_results, feeder.ahead, feeder.limit)
+        while room > 0:
+            own, item = policy.next_item(stream_exhausted=feeder.stream.exhausted)  # a deferred prompt first
+            if not own:
+                try:
+                    ok, item = feeder.stream.take()
+                except Exception as exc:  # the user's dataloader raised: prepare_batch re-raises it
+                    feeder.error = exc
+                    buffer.wake_consumers()
+                    return
+                if not ok:
+                    own, item = policy.next_item(stream_exhausted=True)  # the data ran out: what the policy holds
+                    if not own:
+                        buffer.wake_consumers()  # a waiting prepare_batch may be drained now
+                        return
+            task_id = self._calls.submit(item, feeder.workflow, should_accept_fn=feeder.should_accept_fn,
+                                         group_size=feeder.group_size)
+            feeder.inflight.add(task_id)
+            policy.submitted(task_id, own=own)
+            room -= 1
         self._calls.admit()
 
 

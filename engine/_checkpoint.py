@@ -20,7 +20,8 @@ plain dicts, lists, strings and numbers)::
                                            # queued and running: task id order
       "next_task_id": int,
       "data_position": {"epoch", "position", "items_taken", "exhausted"} | None,
-    }
+      "deferred": [data, ...],             # only when scheduling="tail_batching" holds prompts
+    }                                      # for a long round (engine._scheduling)
 
 On load, the staleness counter follows AReaL's restore (``accepted = version *
 B``, :meth:`engine.staleness.StalenessManager.restore`; AReaL issue #1388) plus
@@ -124,6 +125,7 @@ class EngineCheckpoint:
             "pending": [{"task_id": t.task_id, "data": t.data, "group_size": t.group_size} for t in pending],
             "next_task_id": ledger.next_id,
             "data_position": self._batches.position(),
+            **({"deferred": deferred} if (deferred := admission.policy.deferred_state()) else {}),
         }
 
     def check_loadable(self, state: Any, workflow: Any) -> None:
@@ -159,6 +161,7 @@ class EngineCheckpoint:
         position = state.get("data_position")
         if position is not None and not (isinstance(position, dict) and {"epoch", "position"} <= position.keys()):
             raise ValueError(f"load_state_dict: data_position must be a DataStream state, got {position!r}")
+        self._admission.policy.load_deferred(list(state.get("deferred", [])))  # (raises before anything is loaded)
         self._batches.restored_position = position  # the next prepare_batch's DataStream continues there
         acc = state["accounting"]
         self._ledger.restored(acc, rejected_by={_vocabulary(RejectReason, k): v for k, v in acc["rejected_by_reason"].items()},

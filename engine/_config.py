@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from rewards import RewardPoolOptions
 
-__all__ = ["EngineConfig", "STALENESS_POLICIES"]
+__all__ = ["EngineConfig", "SCHEDULING_POLICIES", "STALENESS_POLICIES"]
 
 STALENESS_POLICIES = ("drop", "flag")
+#: ``EngineConfig.scheduling``: the policies of :mod:`engine._scheduling` (docs/guide/scheduling.md)
+SCHEDULING_POLICIES = ("fcfs", "length_aware", "overprovision", "tail_batching")
 REWARD_BACKENDS = ("local", "ray")
 _REWARD_DEFAULTS = RewardPoolOptions()  # the reward_* fields' defaults: the pool's own
 
@@ -74,6 +76,31 @@ class EngineConfig:
             host's previous state is restored exactly at close (:mod:`engine._gc`;
             -25% to -30% CPU per episode at zero latency, ``make bench``'s ``ours_gc``
             row).  ``rollout run`` turns it on; the benchmarks report it as a separate side.
+        scheduling: how episodes and their generation segments are scheduled
+            (:mod:`engine._scheduling`, docs/guide/scheduling.md): ``"fcfs"`` (the
+            default: first come, first served, as AReaL), ``"overprovision"`` (APRIL,
+            arXiv 2509.18521), ``"length_aware"`` (Seer's context-aware scheduling, arXiv
+            2511.14617, without its KV pool) or ``"tail_batching"`` (RollPacker, arXiv
+            2509.21009).  ``"overprovision"`` and ``"tail_batching"`` shape
+            ``prepare_batch``'s pipeline only, and biases the trained data towards short
+            answers (overprovision) or reorders it (tail batching): read the guide first.
+        overprovision_ratio: ``r`` of ``"overprovision"`` and ``"tail_batching"`` (>0):
+            each step runs ``ceil((1 + r) * B)`` groups and hands out the first ``B``
+            complete ones; the staleness capacity grows by ``ceil((1 + r) * B) - B``
+            episodes (what is trained on is still checked against
+            ``max_head_offpolicyness``).  APRIL's over-sampling is typically 0.2-1.0.
+        overprovision_chunk_tokens: ``"overprovision"`` sends each generation segment of
+            its episodes with at most this many new tokens (tokens, >= 1), so that a cut
+            takes effect at the next chunk boundary (each chunk re-sends prompt + partial
+            output: a prefill, cheap with a prefix cache); ``None``: no chunks, a cut
+            episode finishes the segment in flight first.
+        length_aware_probe_tokens: ``"length_aware"``: the new-token budget of a group's
+            probe segment (tokens, >= 1): its siblings wait for it, then go with a
+            priority from its length (its full budget if it did not finish).
+        scheduling_max_segments: under a policy other than ``"fcfs"``, at most this many
+            generation segments are in flight at once (>= 1), and waiting ones are sent
+            lowest ``priority`` first: the admission order for backends without server
+            priorities (``hf``); ``None`` (the default): no engine-side bound.
     """
 
     max_concurrent_rollouts: int = 256
@@ -98,6 +125,11 @@ class EngineConfig:
     failure_breaker_consecutive: int | None = 32
     failure_breaker_window: int = 256
     failure_breaker_rate: float | None = 0.9
+    scheduling: str = "fcfs"
+    overprovision_ratio: float = 0.5
+    overprovision_chunk_tokens: int | None = 256
+    length_aware_probe_tokens: int = 256
+    scheduling_max_segments: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_rollouts", "consumer_batch_size"):
@@ -126,6 +158,30 @@ class EngineConfig:
         rate = self.failure_breaker_rate
         if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 1):
             raise ValueError(f"failure_breaker_rate must be in (0, 1] or None, got {rate!r}")
+        self._check_scheduling()
+
+    def _check_scheduling(self) -> None:
+        """The ``scheduling`` fields (each ValueError names its field and the fix)."""
+        if self.scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling must be one of {SCHEDULING_POLICIES}, got {self.scheduling!r}")
+        ratio = self.overprovision_ratio
+        if isinstance(ratio, bool) or not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
+            raise ValueError(f"overprovision_ratio must be a finite number > 0 (each step runs ceil((1 + r) * B) "
+                             f"groups), got {ratio!r}")
+        for name, allow_none in (("overprovision_chunk_tokens", True), ("length_aware_probe_tokens", False),
+                                 ("scheduling_max_segments", True)):
+            value = getattr(self, name)
+            if value is None and allow_none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1{' or None' if allow_none else ''}, got {value!r}")
+        if self.scheduling_max_segments is not None and self.scheduling == "fcfs":
+            raise ValueError("scheduling_max_segments bounds the segments of a scheduling policy; with "
+                             "scheduling='fcfs' leave it None (or pick a policy, e.g. scheduling='length_aware')")
+        if self.scheduling == "overprovision" and self.max_head_offpolicyness == 0:
+            raise ValueError("max_head_offpolicyness must be >= 1 (or None) with scheduling='overprovision': it "
+                             "resumes cut episodes in the next step, so their oldest tokens are a version behind "
+                             "and max_head_offpolicyness=0 would reject every one as stale")
 
     @property
     def reward_options(self) -> RewardPoolOptions:

@@ -1,7 +1,13 @@
 """One generation, segment by segment: the loop behind :meth:`RolloutEngine.agenerate`
 (its docstring has the contract).  Each segment waits while the engine is paused, is one
 ``await backend.generate(request, budget)``, and is checked against the evidence rules;
-an aborted segment is resumed with prompt + partial output (AReaL PR #1569)."""
+an aborted segment is resumed with prompt + partial output (AReaL PR #1569).
+
+Under a scheduling policy that shapes segments (``admission.policy.segments``:
+:mod:`engine._scheduling`), each segment is planned first (it may wait: a parked member,
+a probe's siblings, a dispatch slot), sent with the plan's ``priority`` and token budget,
+and reported back; a segment that stops at a budget below what the generation has left
+(a chunk) is continued like an aborted one.  Under ``"fcfs"`` none of that runs."""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ import trio
 
 from ._admission import Admission
 from ._ledger import Ledger
-from ._records import episode_id
+from ._records import episode_id, sample_index
+from ._schedule_base import SegmentGate, SegmentPlan
 from .backends.base import InferenceBackend, validate_response
 from .errors import BackendError
 from .types import ModelRequest, ModelResponse
@@ -35,13 +42,22 @@ async def generate(req: ModelRequest, backend: InferenceBackend, admission: Admi
     versions: list[int] = []
     start = trio.current_time()
     ttft = None
+    gate = admission.policy.segments if task_id is not None else None  # None under "fcfs"
     while True:
-        if not admission.unpaused.is_set():  # (no schedule point when not paused)
-            await admission.unpaused.wait()
+        plan = None
+        if gate is not None:
+            assert task_id is not None
+            plan = await gate.begin((task_id, sample_index.get()), req, len(tokens), budget - len(tokens))
         segment_req = req if not tokens else replace(
             req, input_ids=prompt + tokens,  # resume: the new segment continues the partial output
             gconfig=req.gconfig.new(min_new_tokens=max(0, req.gconfig.min_new_tokens - len(tokens))))
-        resp = await backend.generate(segment_req, budget - len(tokens))
+        if plan is None:
+            if not admission.unpaused.is_set():  # (no schedule point when not paused)
+                await admission.unpaused.wait()
+            resp = await backend.generate(segment_req, budget - len(tokens))
+        else:
+            assert gate is not None
+            resp = await _planned_segment(gate, plan, segment_req, backend, admission)
         validate_response(resp, segment_req)
         if ttft is None:
             ttft = resp.ttft
@@ -54,7 +70,7 @@ async def generate(req: ModelRequest, backend: InferenceBackend, admission: Admi
         if len(tokens) > budget:
             raise BackendError(f"request {req.rid}: backend returned {len(tokens)} tokens for a budget of {budget}")
         stop_reason = resp.stop_reason
-        if stop_reason != "abort":
+        if stop_reason != "abort" and (plan is None or plan.finished(resp)):
             break
         if len(tokens) == budget:
             stop_reason = "length"
@@ -64,3 +80,20 @@ async def generate(req: ModelRequest, backend: InferenceBackend, admission: Admi
         stop_reason=stop_reason, latency=trio.current_time() - start, ttft=ttft,
         tokenizer=req.tokenizer, processor=req.processor,
     )
+
+
+async def _planned_segment(gate: SegmentGate, plan: SegmentPlan, req: ModelRequest, backend: InferenceBackend,
+                           admission: Admission) -> ModelResponse:
+    """One segment as ``plan`` says (its budget and priority), once the engine is not
+    paused; reported to ``gate`` exactly once, whatever happens."""
+    if req.priority != plan.priority:
+        req = replace(req, priority=plan.priority)
+    try:
+        if not admission.unpaused.is_set():
+            await admission.unpaused.wait()
+        resp = await backend.generate(req, plan.budget)
+    except BaseException:
+        gate.end(plan, None)
+        raise
+    gate.end(plan, resp)
+    return resp

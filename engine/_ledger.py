@@ -27,7 +27,8 @@ class Ledger:
             ``"accepted"``, ``"rejected"``, ``"failed"``.
         rejected_by, failed_by: episodes by reason (reason -> count; zeros may linger).
         generated_tokens: tokens the backend generated for ``agenerate`` (every segment).
-        segments_resumed: generation segments re-sent after an abort.
+        segments_resumed: generation segments re-sent after an abort (or, under a scheduling
+            policy, after a chunk boundary or a probe: :mod:`engine._scheduling`).
         reward_fallbacks: reward calls that ended with the pool's fallback value.
         retokenization_drifts: :mod:`engine.chat` drift events inside episodes.
         next_id: the task id the next ``submit`` without one gets.

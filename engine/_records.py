@@ -42,6 +42,8 @@ class RejectReason(_Vocabulary):
     INCOMPLETE_GROUP = "incomplete_group"  #: fewer group members succeeded than ``min_group_size``
     STALE = "stale"  #: past ``max_head_offpolicyness`` when it ended or while it waited in the buffer
     MISSING_REWARD = "missing_reward"  #: interaction dicts without a reward (:mod:`engine.openai.interaction`)
+    #: cut from a short round by ``scheduling="tail_batching"``: its prompt runs again in a long round
+    DEFERRED = "deferred"
 
 
 
@@ -110,6 +112,8 @@ class EngineStatistics:
     data_position: dict[str, Any] | None = None
     #: chat-template renderings that differed from the ids sent (:mod:`engine.chat`)
     retokenization_drifts: int = 0
+    #: the scheduling policy's counters (:mod:`engine._scheduling`; ``{"policy": name, ...}``), None under ``"fcfs"``
+    scheduling: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)

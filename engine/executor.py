@@ -314,7 +314,11 @@ class RolloutEngine:
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:
-            result = self._admission.check_staleness(await self._episodes.result(task))
+            scope = self._admission.policy.episode_scope(task)  # None unless the policy may cut it
+            if scope is None:
+                result = self._admission.check_staleness(await self._episodes.result(task))
+            else:
+                result = await self._cuttable_result(task, scope)
             object.__setattr__(result, "elapsed_s", trio.current_time() - start)  # a new record, not shared yet
             await self._buffer.put(result)  # backpressure: wait for room
         except BaseException as exc:
@@ -328,6 +332,18 @@ class RolloutEngine:
             self._ended(result, was_running=True)
             raise
         self._ended(result, was_running=True)
+
+    async def _cuttable_result(self, task: _Task, scope: trio.CancelScope) -> EpisodeResult:
+        """The episode's result when its scheduling policy may cut it (cancel ``scope``):
+        then the policy's own result (``"tail_batching"``: rejected ``"deferred"``)."""
+        outcome: EpisodeResult | None = None
+        with scope:
+            outcome = await self._episodes.result(task)
+        cut = self._admission.policy.episode_finished(task, cut=scope.cancelled_caught)
+        if outcome is None:
+            assert cut is not None, "a scheduling policy cancelled an episode without a result for it"
+            return cut
+        return self._admission.check_staleness(outcome)
 
     def _recheck_buffer(self) -> None:
         """After a version change: drop or flag trajectories that turned stale."""
@@ -488,6 +504,7 @@ class RolloutEngine:
             breaker_open=self._breaker.open, breaker_trips=self._breaker.trips,
             data_position=self._batches.position(),
             retokenization_drifts=ledger.retokenization_drifts,
+            scheduling=self._admission.policy.statistics(),
         )
 
     def _withdraw_queued(self, task_ids: set[int], why: str) -> None:

@@ -156,10 +156,14 @@ class ModelRequest:
             per image placeholder of the prompt, in order), or ``None``.
         processor: optional multimodal processor (the ``hf`` backend reads
             ``image_data`` with its ``image_processor``).
-        priority: the request's scheduling priority on the server (vLLM's semantics: a
-            lower value is served first; honoured by servers started with
-            ``--scheduling-policy priority``, and by the sim with
-            ``SimConfig(scheduling_policy="priority")``).
+        priority: the server-side scheduling priority (ours; vLLM's semantics: a
+            *lower* value is served first, ``0`` = none).  Sent as ``priority`` by the
+            ``vllm`` backend (the server needs ``--scheduling-policy priority``) and,
+            negated to SGLang's default sense, by the ``sglang`` backend (the server needs
+            ``--enable-priority-scheduling``); never sent while ``0``.  The ``hf`` backend
+            ignores it; the sim honours it with ``SimConfig(scheduling_policy="priority")``.
+            The engine's scheduling policies set it per segment (:mod:`engine._scheduling`); with ``EngineConfig(scheduling="fcfs")`` a
+            request keeps its own.
     """
 
     rid: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -176,8 +180,8 @@ class ModelRequest:
 
         Raises:
             InvalidRequestError: empty or non-int ``input_ids``, ``n_samples != 1``,
-                ``image_data`` that is not a list of strings, an out-of-range sampling
-                parameter, or a budget <= 0.
+                ``image_data`` that is not a list of strings, a ``priority`` that is not
+                an int, an out-of-range sampling parameter, or a budget <= 0.
         """
         if not self.input_ids:
             raise InvalidRequestError(f"request {self.rid}: input_ids is empty")
@@ -189,6 +193,9 @@ class ModelRequest:
                 type(self.image_data) is not list or not all(isinstance(x, str) for x in self.image_data)):
             raise InvalidRequestError(f"request {self.rid}: image_data must be a list of base64 strings, "
                                       f"got {type(self.image_data).__name__}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise InvalidRequestError(f"request {self.rid}: priority must be an int (lower is served first), "
+                                      f"got {self.priority!r}")
         self.gconfig.validate()
         if self.gconfig.n_samples != 1:
             raise InvalidRequestError(

@@ -8,7 +8,7 @@ two sides cannot drift apart (``tests/unit/test_sglang_wire.py`` round-trips the
 Request (one prompt, non-streaming)::
 
     {"input_ids": [...], "rid": "<rid>@<seq>", "return_logprob": true, "stream": false,
-     "image_data": [base64, ...] (if any),
+     "image_data": [base64, ...] (if any), "priority": int (if the request has one),
      "sampling_params": {"max_new_tokens": budget, "temperature": 0 if greedy else t,
                          "top_p", "top_k": -1 when disabled, "min_new_tokens",
                          "stop_token_ids", "stop" (if any), "ignore_eos",
@@ -129,9 +129,17 @@ def sampling_params(g: GenerationHyperparameters, budget: int) -> dict[str, Any]
     return params
 
 
-def generate_payload(request: ModelRequest, budget: int, rid: str) -> dict[str, Any]:
+def generate_payload(request: ModelRequest, budget: int, rid: str, *, low_priority_values_first: bool = False
+                     ) -> dict[str, Any]:
     """The ``/generate`` body of one segment of ``request`` sent under the wire id ``rid``
-    (logprobs asked for, no streaming)."""
+    (logprobs asked for, no streaming).
+
+    A non-zero ``request.priority`` (vLLM's sense: lower is served first) is sent as
+    ``priority`` in SGLang's sense: SGLang's scheduler (``--enable-priority-scheduling``)
+    serves *higher* values first unless the server runs with
+    ``--schedule-low-priority-values-first`` (then say ``low_priority_values_first``), so
+    the value is negated by default.  ``0`` is never sent: a server started with
+    ``--abort-on-priority-when-disabled`` aborts any request that carries one."""
     payload: dict[str, Any] = {
         "input_ids": list(request.input_ids),
         "sampling_params": sampling_params(request.gconfig, budget),
@@ -141,6 +149,8 @@ def generate_payload(request: ModelRequest, budget: int, rid: str) -> dict[str, 
     }
     if request.image_data:
         payload["image_data"] = list(request.image_data)
+    if request.priority:
+        payload["priority"] = int(request.priority) if low_priority_values_first else -int(request.priority)
     return payload
 
 

@@ -26,6 +26,10 @@ greedy over the one token left.  So seeded requests are batched like any other,
 the same seed gives the same tokens whatever the batch, and torch's global RNG
 is never used (it belongs to the host, e.g. a trainer in the same process).
 
+Priorities: ``ModelRequest.priority`` is ignored (both batchers take jobs in arrival order);
+a scheduling policy orders segments here only through the engine's own dispatch bound
+(``EngineConfig.scheduling_max_segments``, docs/guide/scheduling.md).
+
 Context length: a prompt at or over the model's ``max_position_embeddings`` is
 refused (:class:`InvalidRequestError` naming ``input_ids``) and the budget is
 clamped so that prompt + output never exceeds it, as ``rollout serve`` does.

@@ -18,6 +18,12 @@ is recorded per server.
 Logprob semantics: ``"processed"`` -- SGLang returns log-probabilities of the
 temperature-scaled distribution unless the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``.
 
+Priority: a non-zero ``ModelRequest.priority`` (lower is served first, as in vLLM) goes out
+as ``priority``, negated to SGLang's default sense (higher first; SGLang honours it only with
+``--enable-priority-scheduling``); ``SGLangBackend(low_priority_values_first=True)`` for a
+server started with ``--schedule-low-priority-values-first`` sends it as is
+(:func:`engine.backends.sglang_wire.generate_payload`).
+
 Abort: ``POST /abort_request {"rid": wire_id}``.  Pause: ``POST /pause_generation``
 (``{}`` for the default abort mode, ``{"mode": "retract"|"in_place"}`` otherwise), continue:
 ``POST /continue_generation``.  Weights (:class:`~engine.backends.base.WeightSync`, through
@@ -43,14 +49,23 @@ __all__ = ["SGLangBackend", "SGLangWire"]
 
 
 class SGLangWire(WireProtocol):
-    """SGLang's native API as a :class:`~engine.backends.remote.WireProtocol`."""
+    """SGLang's native API as a :class:`~engine.backends.remote.WireProtocol`.
+
+    Args:
+        low_priority_values_first: the servers run ``--schedule-low-priority-values-first``
+            (see the module docstring, "Priority").
+    """
 
     generate_path = "/generate"
     health_path = "/health"
     pause_modes = ("abort", "retract", "in_place")
 
+    def __init__(self, *, low_priority_values_first: bool = False) -> None:
+        self.low_priority_values_first = low_priority_values_first
+
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
-        return sglang_wire.generate_payload(request, budget, wire_id)
+        return sglang_wire.generate_payload(request, budget, wire_id,
+                                            low_priority_values_first=self.low_priority_values_first)
 
     def parse_generation(self, body: Any) -> ParsedGeneration:
         try:
@@ -84,14 +99,19 @@ class SGLangWire(WireProtocol):
 class SGLangBackend(RemoteBackend):
     """Several SGLang servers (or ``rollout serve`` processes) behind one backend.
 
-    Args: see :class:`~engine.backends.remote.RemoteBackend` (the wire protocol is
-    :class:`SGLangWire`).
+    Args:
+        low_priority_values_first: the servers run with
+            ``--schedule-low-priority-values-first``: send ``ModelRequest.priority`` as is
+            (default: negated, SGLang's default sense; see the module docstring).
+        Others: see :class:`~engine.backends.remote.RemoteBackend` (the wire protocol is
+            :class:`SGLangWire`).
     """
 
     kind = "sglang"
 
-    def __init__(self, servers: Sequence[str] | str, **kwargs: Any) -> None:
-        super().__init__(servers, wire=SGLangWire(), **kwargs)
+    def __init__(self, servers: Sequence[str] | str, *, low_priority_values_first: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(servers, wire=SGLangWire(low_priority_values_first=low_priority_values_first), **kwargs)
 
     async def abort_all(self, *, servers: Sequence[str] | None = None) -> dict[str, Any]:
         """``POST /abort_request {"abort_all": true}`` on every healthy server (or ``servers``)."""

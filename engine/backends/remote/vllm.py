@@ -9,6 +9,15 @@ values are those of :func:`engine.backends.sglang_wire.sampling_params`, under v
      "logprobs": 0, "return_token_ids": true, "return_tokens_as_token_ids": true,
      "request_id": "<rid>@<seq>", "stream": false}
 
+A non-zero ``ModelRequest.priority`` is sent as ``priority`` (vLLM's own sense: lower is
+served first); it orders the server's queue only with ``--scheduling-policy priority``.  vLLM
+0.32 ignores it under its default ``fcfs`` policy (``tests/contract/test_remote_vllm_priority.py``);
+older vLLM (the V0 engine) refused a non-zero one there with HTTP 400 ("Got priority ... but
+Priority scheduling is not enabled").  So when the start-up read of ``/server_info`` (below)
+shows a server with another policy, the backend stops sending priorities
+(:attr:`VLLMBackend.priority_scheduling` is False; one log line says so), and a scheduling
+policy relies on its own admission order.
+
 Answer: ``choices[0].token_ids`` (the stop/EOS token included), logprobs from
 ``choices[0].logprobs.token_logprobs`` (``"token_id:N"`` strings in ``logprobs.tokens`` are
 the fallback for ids and must agree), ``finish_reason`` ``stop``/``length``/``abort``
@@ -75,6 +84,7 @@ rollout_vllm_worker.RolloutWorkerExtension``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,6 +101,8 @@ from ._wire import ParsedGeneration, WireCall, WireProtocol
 
 __all__ = ["LogprobsModeError", "PROCESSED_LOGPROBS_MODE", "SeededSamplingError", "VLLMBackend",
            "VLLMServerSetupError", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id", "vllm_worker_dir"]
+
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 #: the server's ``--logprobs-mode`` that gives this package's logprob semantics
 PROCESSED_LOGPROBS_MODE = "processed_logprobs"
@@ -180,6 +192,7 @@ class VLLMWire(WireProtocol):
 
     Attributes:
         model: the served model name sent in every request (``None`` until known).
+        send_priority: send a non-zero ``ModelRequest.priority`` (the module docstring).
     """
 
     generate_path = "/v1/completions"
@@ -189,6 +202,7 @@ class VLLMWire(WireProtocol):
 
     def __init__(self, model: str | None = None) -> None:
         self.model = model
+        self.send_priority = True
 
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
         params = sampling_params(request.gconfig, budget)  # SGLang's names; vLLM's below
@@ -196,6 +210,8 @@ class VLLMWire(WireProtocol):
         payload.update((_VLLM_NAMES.get(k, k), v) for k, v in params.items())
         payload.update({"logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
                         "request_id": wire_id, "stream": False})
+        if request.priority and self.send_priority:
+            payload["priority"] = int(request.priority)
         return payload
 
     def parse_generation(self, body: Any) -> ParsedGeneration:
@@ -273,6 +289,14 @@ class VLLMBackend(RemoteBackend):
         super().__init__(servers, wire=VLLMWire(model), **kwargs)
         self.check_logprobs_mode = check_logprobs_mode
         self.check_seeded_sampling = check_seeded_sampling
+        self._priority_scheduling: bool | None = None
+
+    @property
+    def priority_scheduling(self) -> bool | None:
+        """Whether every healthy server said at start-up that it schedules by priority
+        (``--scheduling-policy priority``); None: not read (no start-up check ran).  When
+        False, request priorities are not sent (the module docstring)."""
+        return self._priority_scheduling
 
     @property
     def model(self) -> str | None:
@@ -285,7 +309,8 @@ class VLLMBackend(RemoteBackend):
 
     async def after_startup(self) -> None:
         """Name the model, then check each healthy server's configuration (``GET
-        /server_info?config_format=json``, dev mode).
+        /server_info?config_format=json``, dev mode), and read its scheduling policy
+        (``scheduler_config.policy``: :attr:`priority_scheduling`).
 
         Raises:
             LogprobsModeError: ``check_logprobs_mode`` and a server that runs another
@@ -298,6 +323,7 @@ class VLLMBackend(RemoteBackend):
             await self.prepare(self.pool.healthy[0])
         if not (self.check_logprobs_mode or self.check_seeded_sampling):
             return
+        policies: list[Any] = []
         for server in self.pool.healthy:
             url = server.url
             try:
@@ -307,6 +333,7 @@ class VLLMBackend(RemoteBackend):
                 mode = config["model_config"]["logprobs_mode"] if self.check_logprobs_mode else None
             except (RemoteCallError, TypeError, KeyError) as exc:
                 if not self.check_logprobs_mode:
+                    policies.append(None)  # unknown: priorities stay on
                     continue
                 raise LogprobsModeError(url, f"vllm backend: cannot read the logprobs mode of {url} from /server_info "
                                              f"({exc}); this package reports processed logprobs") from None
@@ -315,6 +342,14 @@ class VLLMBackend(RemoteBackend):
                                              "processed logprobs (after temperature, top-k, top-p)")
             if self.check_seeded_sampling:
                 _check_seeded_sampling(url, config)
+            scheduler = config.get("scheduler_config") if isinstance(config, dict) else None
+            policies.append(scheduler.get("policy") if isinstance(scheduler, dict) else None)
+        if policies and None not in policies:
+            self._priority_scheduling = self.wire.send_priority = all(p == "priority" for p in policies)
+            if not self._priority_scheduling:
+                logger.info("vllm backend: a server schedules %s, not by priority: request priorities are not "
+                            "sent (start the servers with --scheduling-policy priority to use them)",
+                            sorted({str(p) for p in policies if p != "priority"}))
 
     async def pause(self, mode: str = "abort") -> None:
         with _dev_mode_hint():

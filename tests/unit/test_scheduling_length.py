@@ -1,0 +1,157 @@
+"""Unit tier: ``scheduling="length_aware"`` (Seer's context-aware scheduling) and the
+settings of every policy (the sim backend with scripted lengths, virtual time).
+
+A group's probe (its first member to send) goes first with at most
+``length_aware_probe_tokens``; its siblings wait for it; then longer groups go first,
+by server ``priority`` and, with ``scheduling_max_segments``, by the engine's own
+dispatch order."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from engine import EngineConfig, ModelRequest, open_rollout_engine
+from engine._schedule_base import PROBE_PRIORITY, SlotGate
+from engine.types import GenerationHyperparameters
+from scheduling_fixtures import Scripted, ScriptedSim, counts_add_up, groups_of, item, prompt
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("scheduling", "sjf", "scheduling must be one of"),
+    ("overprovision_ratio", 0, "overprovision_ratio must be"),
+    ("overprovision_ratio", float("nan"), "overprovision_ratio must be"),
+    ("overprovision_ratio", True, "overprovision_ratio must be"),
+    ("overprovision_chunk_tokens", 0, "overprovision_chunk_tokens must be"),
+    ("length_aware_probe_tokens", None, "length_aware_probe_tokens must be"),
+    ("scheduling_max_segments", 0, "scheduling_max_segments must be"),
+])
+def test_a_bad_scheduling_setting_names_its_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**{"scheduling": "length_aware", field: value})
+
+
+def test_settings_that_cannot_work_together_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="scheduling_max_segments .* scheduling='fcfs'"):
+        EngineConfig(scheduling_max_segments=4)
+    with pytest.raises(ValueError, match=r"max_head_offpolicyness must be >= 1 \(or None\) with scheduling='overprovision'"):
+        EngineConfig(scheduling="overprovision", max_head_offpolicyness=0)
+    EngineConfig(scheduling="overprovision", max_head_offpolicyness=None)
+    EngineConfig(scheduling="tail_batching", max_head_offpolicyness=0)  # regenerates on-policy: fine
+
+
+def test_a_request_priority_must_be_an_int():
+    from engine import InvalidRequestError
+
+    for bad in (True, 1.5, "1"):
+        with pytest.raises(InvalidRequestError, match="priority must be an int"):
+            ModelRequest(input_ids=[1, 2], priority=bad).validate()
+    assert ModelRequest(input_ids=[1, 2], priority=-3).validate() > 0
+
+
+async def test_probes_go_first_then_the_longest_groups_through_the_dispatch_bound(reward_pool, autojump_clock):
+    # one segment at a time: the dispatch order is the whole schedule.  Group 0 is short (its
+    # probe finishes: estimate 20), group 2 medium (estimate 100), group 1 longer than the
+    # probe budget (estimate: its whole budget, 4096)
+    backend = ScriptedSim()
+    config = EngineConfig(scheduling="length_aware", length_aware_probe_tokens=256, scheduling_max_segments=1)
+    items = [item(0, 20), item(1, 500), item(2, 100)]
+    async with open_rollout_engine(backend, config, reward_pool=reward_pool) as engine:
+        batch = await engine.rollout_batch(items, Scripted(), group_size=3)
+        stats = engine.statistics()
+    assert sorted(groups_of(batch).values()) == [3, 3, 3]
+    sent = backend.sent
+    assert all(s.priority == PROBE_PRIORITY and s.budget == 256 and s.done == 0 for s in sent[:3])
+    assert {s.group for s in sent[:3]} == {0, 1, 2}  # every probe before any sibling
+    rest = sent[3:]
+    # then the longest groups first: group 1 (its two siblings and the probe's continuation), 2, 0.
+    # (The slot the last probe frees goes to what waits at that moment: the siblings of that
+    # probe's group queue a moment later.  From then on every segment is queued.)
+    assert sorted(s.priority for s in rest) == [-4096] * 3 + [-100] * 2 + [-20] * 2
+    assert [s.priority for s in rest[1:]] == sorted(s.priority for s in rest[1:])
+    assert [s.group for s in rest[-2:]] == [0, 0] and rest[0].group in (1, 2)
+    assert {s.priority for s in rest if s.group == 1} == {-4096} and {s.priority for s in rest if s.group == 2} == {-100}
+    continuation = [s for s in rest if s.done > 0]
+    assert [(s.group, s.done, s.budget) for s in continuation] == [(1, 256, 4096 - 256)]
+    assert stats.scheduling == {"policy": "length_aware", "probes": 3, "probes_finished": 2, "siblings_waited": 6,
+                                "segments_waiting": 0, "peak_segments_waiting": 6}
+    counts_add_up(stats)
+    assert stats.accepted == 3
+
+
+async def test_siblings_wait_for_their_probe_and_carry_its_estimate_as_priority(reward_pool, autojump_clock):
+    # no engine-side bound: everything goes to the server at once, ordered by priority only
+    backend = ScriptedSim()
+    config = EngineConfig(scheduling="length_aware", length_aware_probe_tokens=64)
+    items = [item(0, 30, 34, 38), item(1, 900, 800, 1000)]
+    async with open_rollout_engine(backend, config, reward_pool=reward_pool) as engine:
+        await engine.rollout_batch(items, Scripted(), group_size=3)
+        alone = await engine.rollout_batch([item(7, 40)], Scripted(), group_size=1)  # nothing to estimate
+        direct = await engine.agenerate(ModelRequest(input_ids=prompt(8, 12), priority=5,
+                                                     gconfig=GenerationHyperparameters(max_new_tokens=64)))
+    assert alone.batch_size[0] == 1 and direct.output_len == 12
+    by_group = {g: [s for s in backend.sent if s.group == g] for g in (0, 1)}
+    for group, segments in by_group.items():
+        probe = segments[0]
+        assert (probe.priority, probe.budget, probe.done) == (PROBE_PRIORITY, 64, 0)
+        probe_end = next(t for t, task, sample in backend.ended if (task, sample) == (probe.task, probe.sample))
+        siblings = [s for s in segments if s.sample != probe.sample]
+        assert len(siblings) == 2 and all(s.t >= probe_end for s in siblings)  # sent once the probe returned
+    # group 0's probe finished within 64 tokens: its length estimates its siblings'
+    assert {s.priority for s in by_group[0][1:]} == {-[30, 34, 38][by_group[0][0].sample]}
+    # group 1's probe did not: the siblings and the probe's rest go first, at its whole budget
+    assert {s.priority for s in by_group[1][1:]} == {-4096}
+    assert [s.priority for s in backend.sent if s.group in (7, 8)] == [0, 5]  # a group of one, outside an episode
+
+
+async def test_a_probe_that_fails_releases_its_siblings(reward_pool, autojump_clock):
+    class FailingProbe(ScriptedSim):
+        async def generate(self, request, budget):
+            if request.input_ids[1] == 10 and not self.sent:
+                self.sent.append(None)
+                raise RuntimeError("the probe's server went away")
+            return await super().generate(request, budget)
+
+    backend = FailingProbe()
+    async with open_rollout_engine(backend, EngineConfig(scheduling="length_aware"), reward_pool=reward_pool) as engine:
+        with trio.fail_after(60):
+            await engine.rollout_batch([item(0, 50)], Scripted(), group_size=3)
+        stats = engine.statistics()
+    siblings = [s for s in backend.sent if s is not None]
+    assert len(siblings) == 2 and {s.priority for s in siblings} == {-4096}  # unknown length: taken as the budget
+    counts_add_up(stats)
+    assert stats.accepted == 1  # the failure is the member's: the group is kept with its two others
+
+
+async def test_the_dispatch_bound_serves_lower_priorities_first_and_survives_cancellation():
+    gate = SlotGate(1)
+    order = []
+
+    async def segment(priority, name, hold=None):
+        await gate.acquire(priority)
+        order.append(name)
+        if hold is not None:
+            await hold.wait()
+        gate.release()
+
+    hold = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(segment, 0, "first", hold)
+        await trio.testing.wait_all_tasks_blocked()
+        cancelled = trio.CancelScope()
+
+        async def doomed():
+            with cancelled:
+                await segment(-100, "cancelled")
+
+        nursery.start_soon(doomed)
+        for priority, name in ((5, "late"), (-3, "urgent"), (5, "later")):  # arriving in this order
+            nursery.start_soon(segment, priority, name)
+            await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 4
+        cancelled.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        hold.set()
+    assert order == ["first", "urgent", "late", "later"]
+    assert (gate.busy, gate.waiting, gate.peak_waiting) == (0, 0, 4)

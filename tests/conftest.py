@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -52,17 +53,30 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-#: trainer tiers (tests/integrations/<trainer>/): each runs in its own venv (``make
-#: test-integrations``); in any other venv its modules skip at import, and the session says so.
-INTEGRATION_TIERS = ("areal", "verl", "openrlhf", "torchrl")
+#: trainer tiers (tests/integrations/<trainer>/ -> the package it needs): each runs in its own
+#: venv (``make test-integrations``).  In a venv without the trainer the tier is not collected
+#: at all (its conftest.py would shadow this one for ``from conftest import ...``), and the
+#: session says which tiers it left out and how to run them.
+INTEGRATION_TIERS = {"areal": "areal", "verl": "verl", "openrlhf": "openrlhf", "torchrl": "torchrl"}
+_TIERS_LEFT_OUT: set[str] = set()
+
+
+def pytest_ignore_collect(collection_path, config):
+    parts = collection_path.parts
+    for i in range(len(parts) - 2):
+        if parts[i] == "tests" and parts[i + 1] == "integrations" and parts[i + 2] in INTEGRATION_TIERS:
+            tier = parts[i + 2]
+            if importlib.util.find_spec(INTEGRATION_TIERS[tier]) is None:
+                _TIERS_LEFT_OUT.add(tier)
+                return True
+            return None
+    return None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    skipped = {report.nodeid.split("/")[2] for report in terminalreporter.stats.get("skipped", [])
-               if report.nodeid.startswith("tests/integrations/") and report.nodeid.count("/") >= 3}
-    if skipped:
+    if _TIERS_LEFT_OUT:
         terminalreporter.write_line(
-            f"trainer tiers not run in this venv: {', '.join(sorted(skipped))} "
+            f"trainer tiers not run in this venv: {', '.join(sorted(_TIERS_LEFT_OUT))} "
             "(each has its own venv: run them with `make test-integrations`)")
 
 

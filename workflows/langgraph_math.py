@@ -4,7 +4,7 @@
 The agent is LangGraph's prebuilt ReAct agent over ``ChatOpenAI`` pointed at the
 engine's proxy, streamed in ``"messages"`` mode (the model streams its tokens)::
 
-    model = ChatOpenAI(model="default", base_url=base_url, api_key=api_key, max_retries=0,
+    model = ChatOpenAI(model="default", base_url=base_url, api_key=SecretStr(api_key), max_retries=0,
                        use_responses_api=use_responses_api, http_async_client=<a client of this run>)
     agent = create_react_agent(model, [calculator], prompt=system_prompt)
     async for chunk, meta in agent.astream({"messages": [("user", question)]}, stream_mode="messages",
@@ -53,9 +53,10 @@ class LangGraphMathWorkflow(FrameworkMathAgent):
         from langchain_openai import ChatOpenAI
         from langgraph.errors import GraphRecursionError
         from langgraph.prebuilt import create_react_agent
+        from pydantic import SecretStr
 
         http = openai.DefaultAsyncHttpxClient()
-        model = ChatOpenAI(model="default", base_url=base_url, api_key=api_key, max_retries=0,
+        model = ChatOpenAI(model="default", base_url=base_url, api_key=SecretStr(api_key), max_retries=0,
                            use_responses_api=self.use_responses_api, http_async_client=http)
         agent = create_react_agent(model, [tool(calculator)], prompt=self.system_prompt)
         try:

@@ -36,7 +36,8 @@ call:
   changed, the trainer's weights reach the backend before anything is generated: tensors
   for the in-process ``hf`` backend (no disk), a ``save_pretrained`` folder for servers
   (``TRLRolloutConfig.weights_dir``), through ``engine.update_weights``; the engine's
-  version is then the step, and so is every token's version.  Eval calls sync nothing.
+  version is then the step, and so is every token's version.  Eval calls sync the same way
+  (an eval after step k scores the weights of step k, not those of the last training call).
 * **Columns.** ``prompt_ids``, ``completion_ids``, ``logprobs`` (the behaviour policy's,
   per token, as the engine sampled them) and, per completion, ``engine_reward`` (the
   workflow's raw reward: pass :func:`engine_reward` as TRL's reward function),
@@ -216,11 +217,8 @@ class TRLRollout:
                     raise InvalidRequestError(
                         f"rollout_func: prompts[{i}] differs from prompts[{s}]; TRL's sampler repeats each prompt "
                         f"{group} times in a row (a custom sampler or dataloader must do the same)")
-        if training:
-            self._count("calls")
-            self.sync_weights(trainer)
-        else:
-            self._count("eval_calls")
+        self._count("calls" if training else "eval_calls")
+        self.sync_weights(trainer)  # an eval scores the current policy too
         deadline = time.monotonic() + self.config.call_timeout_s
         groups = self._ahead.take(prompts) if training and self._ahead is not None else None
         if groups is None:

@@ -158,8 +158,15 @@ def test_grpo_steps_sync_weights_and_logprobs_match_trls_recomputation(tmp_path,
         assert len(c["prompts"]) == 4 and c["prompts"][0] == c["prompts"][1] and c["prompts"][2] == c["prompts"][3]
     evals = [c for c in trainer.calls if not c["training"]]
     assert evals and all(len(c["prompts"]) % 3 == 0 for c in evals)  # num_generations_eval = 3
+    # an eval scores the CURRENT policy: after step 2's optimizer step, version 2 (a new-user
+    # trial found it scoring version 1, the weights of the last training call)
+    assert {c["step"] for c in evals} == {2, 3}  # eval_steps=2, and TRL's eval at the end
+    assert all(c["versions"] == [c["step"]] for c in evals), [(c["step"], c["versions"]) for c in evals]
+    assert all(c["logp_diff"] < 1e-4 for c in evals), [c["logp_diff"] for c in evals]
     stats = rollout.statistics()
-    assert (stats.calls, stats.weight_syncs, stats.version) == (3, 3, 2)  # eval synced nothing
+    # one sync per step: at step 2 the eval's is the one the next training call would have made
+    # (it syncs nothing more), at step 3 only the eval generates
+    assert (stats.calls, stats.weight_syncs, stats.version) == (3, 4, 3)
     assert stats.eval_calls == len(evals) and stats.samples_rerun == 0
     assert stats.wait_s > stats.sync_s > 0
 

@@ -73,6 +73,8 @@ class RemoteAdapters:
         self._loaded_on: dict[str, set[str]] = {}  # served name -> server URLs that loaded it
         self._send: trio.MemorySendChannel[AdapterLease] | None = None
         self._pending: list[AdapterLease] = []  # retired before the janitor ran
+        self._queued = 0  # retired versions not yet unloaded
+        self._idle: trio.Event | None = None
 
     @property
     def name(self) -> str:
@@ -80,7 +82,7 @@ class RemoteAdapters:
 
     def __getstate__(self) -> dict[str, Any]:  # an idle backend pickles (engine shards)
         state = dict(self.__dict__)
-        state["_send"] = None
+        state["_send"] = state["_idle"] = None
         return state
 
     # -- lifetime (RemoteBackend.open) ----------------------------------------------------------
@@ -89,12 +91,26 @@ class RemoteAdapters:
         send, recv = trio.open_memory_channel[AdapterLease](math.inf)
         self._send = send
         for lease in self._pending:
+            self._queued += 1
             send.send_nowait(lease)
         self._pending.clear()
         task_status.started()
         async with recv:
             async for lease in recv:
-                await self._unload(lease)
+                try:
+                    await self._unload(lease)
+                finally:
+                    self._queued -= 1
+                    if not self._queued and self._idle is not None:
+                        self._idle.set()
+
+    async def drained(self) -> None:
+        """Return once every retired version nothing holds is unloaded and its folder
+        removed (versions still in flight are not waited for: they are not retired yet)."""
+        while self._queued:
+            if self._idle is None or self._idle.is_set():
+                self._idle = trio.Event()
+            await self._idle.wait()
 
     async def aclose(self) -> None:
         """Unload what this client loaded (bounded by ``control_timeout_s`` in all, shielded)
@@ -111,6 +127,8 @@ class RemoteAdapters:
                 pass
 
     def _retired(self, lease: AdapterLease) -> None:
+        if self._send is not None:
+            self._queued += 1
         if self._send is None:
             self._pending.append(lease)
         else:

@@ -189,7 +189,8 @@ class RemoteBackend(PerRequestBackend):
 
     def _enable_adapters(self, source: Any = None) -> RemoteAdapters:
         opts = self._lora_options
-        self.adapters = RemoteAdapters(self, opts["name"], source=source, lora_dir=opts["lora_dir"],
+        self.adapters = RemoteAdapters(self.pool, self.http, self.wire, self.timeouts, kind=self.kind,
+                                       name=opts["name"], source=source, lora_dir=opts["lora_dir"],
                                        check_base=opts["check_base"])
         self.lora = self.adapters.versions
         return self.adapters

@@ -26,18 +26,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ...errors import BackendError
 from ...types import versioned_lora_name
 from ..lora import AdapterLease, AdapterVersions, AdapterWeights, check_adapter, read_adapter, write_adapter
+from ._config import RemoteTimeouts
 from ._errors import RemoteCallError, check_success
-from ._routing import Server
-
-if TYPE_CHECKING:
-    from ._backend import RemoteBackend
+from ._http import ServerClient
+from ._routing import Server, ServerPool
+from ._wire import WireProtocol
 
 __all__ = ["RemoteAdapters"]
 
@@ -48,7 +48,9 @@ class RemoteAdapters:
     """The versions of one adapter name on one pool (see the module docstring).
 
     Args:
-        backend: the pool's backend (its HTTP calls, pool, wire protocol, timeouts).
+        pool, http, wire, timeouts: the backend's server pool, HTTP side, wire protocol
+            and deadlines.
+        kind: the backend's name, for messages.
         name: the adapter name.
         source: the adapter to load when the backend opens (folder, peft model, ...), or ``None``.
         lora_dir: where version folders are written (default: a new temporary folder,
@@ -60,9 +62,10 @@ class RemoteAdapters:
         config: the current version's peft config (a later bare state dict reuses it).
     """
 
-    def __init__(self, backend: RemoteBackend, name: str, *, source: Any = None, lora_dir: str | None = None,
+    def __init__(self, pool: ServerPool, http: ServerClient, wire: WireProtocol, timeouts: RemoteTimeouts, *,
+                 kind: str, name: str, source: Any = None, lora_dir: str | None = None,
                  check_base: bool = True) -> None:
-        self.backend = backend
+        self.pool, self.http, self.wire, self.timeouts, self.kind = pool, http, wire, timeouts, kind
         self.source = source
         self.check_base = check_base
         self.versions = AdapterVersions(self._retired, default=name)
@@ -115,7 +118,7 @@ class RemoteAdapters:
     async def aclose(self) -> None:
         """Unload what this client loaded (bounded by ``control_timeout_s`` in all, shielded)
         and remove the folders of what was unloaded everywhere."""
-        with trio.CancelScope(shield=True), trio.move_on_after(self.backend.timeouts.control_timeout_s):
+        with trio.CancelScope(shield=True), trio.move_on_after(self.timeouts.control_timeout_s):
             leftovers = list(self._pending)
             self._pending.clear()
             for lease in leftovers + self.versions.retire_all():
@@ -149,23 +152,23 @@ class RemoteAdapters:
         if served in self.versions.loaded():
             raise BackendError(f"LoRA adapter {served!r} is loaded already: a new adapter needs a new version")
         weights = await trio.to_thread.run_sync(lambda: read_adapter(source, config=self.config))
-        targets = [s.url for s in self.backend.pool.healthy]
+        targets = [s.url for s in self.pool.healthy]
         await self._check(weights, targets)
         folder = await trio.to_thread.run_sync(self._write, weights, served)
-        method, path, body = self.backend.wire.lora_load_call(served, str(folder))
+        method, path, body = self.wire.lora_load_call(served, str(folder))
         answers, errors = await self._broadcast(targets, method, path, body)
         if not answers:
             await trio.to_thread.run_sync(shutil.rmtree, folder, True)
-            raise BackendError(f"{self.backend.kind}: loading LoRA adapter {served!r} failed on every server: "
+            raise BackendError(f"{self.kind}: loading LoRA adapter {served!r} failed on every server: "
                                + ("; ".join(f"{u}: {self._explain(e)}" for u, e in errors.items())
                                   or "no healthy server"))
         self._folders[served] = folder
         self._loaded_on[served] = set(answers)
-        for server in self.backend.pool.servers:  # missed it: ejected, gets it before re-admission
+        for server in self.pool.servers:  # missed it: ejected, gets it before re-admission
             if server.url not in answers:
                 server.stale_weights = True
                 if server.healthy:
-                    self.backend.pool.eject(server, f"failed to load LoRA adapter {served}: "
+                    self.pool.eject(server, f"failed to load LoRA adapter {served}: "
                                                     f"{self._explain(errors[server.url])}")
         self.config = dict(weights.config)
         return self.versions.add(self.name, version)
@@ -176,7 +179,7 @@ class RemoteAdapters:
         current = self.versions.current()
         if current is None or server.url in self._loaded_on.get(current.served_name, set()):
             return True
-        method, path, body = self.backend.wire.lora_load_call(current.served_name,
+        method, path, body = self.wire.lora_load_call(current.served_name,
                                                                str(self._folders[current.served_name]))
         answers, errors = await self._broadcast([server.url], method, path, body)
         if not answers:
@@ -196,16 +199,16 @@ class RemoteAdapters:
 
     async def _check(self, weights: AdapterWeights, targets: list[str]) -> None:
         """Every server's LoRA limits (the wire protocol's ``lora_info_call``), before any load."""
-        wire = self.backend.wire
+        wire = self.wire
         method, path, params = wire.lora_info_call()
         for url in targets:
             try:
-                answer = await self.backend.call(url, method, path, params=params,
-                                                 timeout_s=self.backend.timeouts.health_timeout_s)
+                answer = await self.http.call(url, method, path, params=params,
+                                                 timeout_s=self.timeouts.health_timeout_s)
                 limits = wire.parse_lora_limits(answer)
             except (RemoteCallError, TypeError, KeyError, AttributeError):
                 continue  # not readable (e.g. no dev mode): the load itself will say
-            where = f"the {self.backend.kind} server {url}"
+            where = f"the {self.kind} server {url}"
             if limits.enabled is False:
                 raise BackendError(f"{where} runs without LoRA: {wire.lora_enable_fix(weights.rank)}")
             check_adapter(weights, where=where, base_model=limits.base_model, max_rank=limits.max_rank,
@@ -215,11 +218,11 @@ class RemoteAdapters:
                          body: Any) -> tuple[dict[str, Any], dict[str, RemoteCallError]]:
         answers: dict[str, Any] = {}
         errors: dict[str, RemoteCallError] = {}
-        decode = self.backend.wire.lora_answers_json
+        decode = self.wire.lora_answers_json
 
         async def one(url: str) -> None:
             try:
-                answer = await self.backend.call(url, method, path, json=body, decode=decode)
+                answer = await self.http.call(url, method, path, json=body, decode=decode)
                 check_success(url, path, answer)
                 answers[url] = answer
             except RemoteCallError as exc:
@@ -231,7 +234,7 @@ class RemoteAdapters:
         return answers, errors
 
     def _explain(self, exc: RemoteCallError) -> str:
-        return self.backend.wire.explain_lora_error(str(exc), self.versions.default)
+        return self.wire.explain_lora_error(str(exc), self.versions.default)
 
     # -- unloading ------------------------------------------------------------------------------
     async def _unload(self, lease: AdapterLease) -> None:
@@ -239,18 +242,18 @@ class RemoteAdapters:
         every one of them did (a server down now keeps it: it may come back with it)."""
         served = lease.served_name
         urls = sorted(self._loaded_on.get(served, set()))
-        healthy = {s.url for s in self.backend.pool.healthy}
-        method, path, body = self.backend.wire.lora_unload_call(served)
+        healthy = {s.url for s in self.pool.healthy}
+        method, path, body = self.wire.lora_unload_call(served)
         answers, errors = await self._broadcast([u for u in urls if u in healthy], method, path, body)
         for url, exc in list(errors.items()):
-            if self.backend.wire.lora_not_loaded(str(exc)):  # gone already (a restarted server)
+            if self.wire.lora_not_loaded(str(exc)):  # gone already (a restarted server)
                 answers[url] = None
                 del errors[url]
         remaining = set(urls) - set(answers)
         self._loaded_on[served] = remaining
         ok = not errors
         if errors:
-            logger.warning("%s: unloading LoRA adapter %s failed: %s", self.backend.kind, served,
+            logger.warning("%s: unloading LoRA adapter %s failed: %s", self.kind, served,
                            "; ".join(f"{u}: {e}" for u, e in errors.items()))
         folder = self._folders.get(served)
         if not remaining:
@@ -260,7 +263,7 @@ class RemoteAdapters:
                 await trio.to_thread.run_sync(shutil.rmtree, folder, True)
         elif ok:
             logger.warning("%s: LoRA adapter %s stays loaded on %s (down now): its folder %s is kept",
-                           self.backend.kind, served, ", ".join(sorted(remaining)), folder)
+                           self.kind, served, ", ".join(sorted(remaining)), folder)
         self.versions.unloaded(lease, ok=ok)
 
     def folder(self, served_name: str) -> Path | None:

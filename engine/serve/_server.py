@@ -113,9 +113,8 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
         torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.seed)
     path = await trio.to_thread.run_sync(resolve_model, config.model)
-    lora = {} if config.lora is None else {"lora": config.lora, "lora_name": config.lora_name or "lora"}
     backend = HFBackend(path, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
-                        batch_window_s=config.batch_window_s, **lora)
+                        batch_window_s=config.batch_window_s, lora=config.lora, lora_name=config.lora_name or "lora")
     server = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path),
                           api_key=config.api_key)
     sockets = await open_listeners(config.host, config.port)  # a busy port: OSError here, not in a group

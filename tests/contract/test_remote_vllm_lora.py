@@ -144,3 +144,37 @@ async def test_adapter_versions_on_a_real_server(vllm_lora, tmp_path, reward_poo
     other = (torch.tensor(after.output_logprobs) - _teacher_forced(_peft(model_dir, a), PROMPT,
                                                                    after.output_tokens)).abs().max().item()
     assert other > 1e-2  # v1 is not v0: the check above can tell them apart
+
+
+async def test_an_update_storm_fails_no_request_and_leaves_one_name(vllm_lora, tmp_path, reward_pool):
+    """An adapter update every ~0.3 s for 20 updates while 4 request loops run: no request
+    fails, every response's versions only go up, and at the end one name is loaded."""
+    url, model_dir, _ = vllm_lora
+    sources = [build_tiny_lora(model_dir, tmp_path / f"s{i}", seed=10 + i) for i in range(2)]
+    served_dir = tmp_path / "served"
+    backend = make_remote_backend("vllm", [url], health_interval_s=1.0, request_timeout_s=300.0, lora=sources[0],
+                                  lora_dir=str(served_dir))
+    updates, responses, stop = 20, [], trio.Event()
+    with trio.fail_after(600):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            async def requests(i):
+                while not stop.is_set():
+                    responses.append(await engine.agenerate(ModelRequest(input_ids=PROMPT + [i], gconfig=G(
+                        max_new_tokens=48, temperature=1.0, ignore_eos=True))))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(requests, i)
+                for version in range(1, updates + 1):
+                    await trio.sleep(0.3)  # the storm's pace
+                    await engine.update_weights(sources[version % 2], version=version)
+                stop.set()
+            await backend.adapters.drained()
+            stats = engine.statistics()
+            assert await _served(url) == [f"lora-v{updates}", "tiny"]
+    assert stats.failed == 0 and stats.backend.requests_failed == 0 and len(responses) >= 4
+    assert all(r.output_versions == sorted(r.output_versions) for r in responses)
+    assert stats.backend.lora.loaded == (f"lora-v{updates}",) and stats.backend.lora.unloads == updates
+    assert await _served(url) == ["tiny"] and list(served_dir.iterdir()) == []
+    async with httpx.AsyncClient(timeout=30) as client:
+        assert (await client.get(url + "/health")).status_code == 200

@@ -127,8 +127,8 @@ class RemoteBackend(PerRequestBackend):
         self.control = PoolControl(self.pool, self.http, wire, kind=self.kind, stats=self._stats)
         self.health = HealthMonitor(self.pool, self.http, self.timeouts, kind=self.kind,
                                     health_path=wire.health_path, replay=self._replay, stats=self._stats)
-        self._lora_options = {"name": check_lora_name(type(self).__name__, lora_name), "lora_dir": lora_dir,
-                              "check_base": check_lora_base}
+        self._lora_name = check_lora_name(type(self).__name__, lora_name)
+        self._lora_dir, self._check_lora_base = lora_dir, check_lora_base
         self.adapters: RemoteAdapters | None = None
         if lora is not None:
             self._enable_adapters(lora)
@@ -188,10 +188,9 @@ class RemoteBackend(PerRequestBackend):
             nursery.cancel_scope.cancel()
 
     def _enable_adapters(self, source: Any = None) -> RemoteAdapters:
-        opts = self._lora_options
         self.adapters = RemoteAdapters(self.pool, self.http, self.wire, self.timeouts, kind=self.kind,
-                                       name=opts["name"], source=source, lora_dir=opts["lora_dir"],
-                                       check_base=opts["check_base"])
+                                       name=self._lora_name, source=source, lora_dir=self._lora_dir,
+                                       check_base=self._check_lora_base)
         self.lora = self.adapters.versions
         return self.adapters
 

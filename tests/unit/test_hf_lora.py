@@ -191,3 +191,24 @@ async def test_lora_name_on_a_backend_without_adapters_is_refused(reward_pool):
     async with open_rollout_engine(MockBackend(handler), reward_pool=reward_pool) as engine:
         with pytest.raises(InvalidRequestError, match="serves no LoRA adapter"):
             await engine.agenerate(ModelRequest(input_ids=[1, 2], lora_name="lora"))
+
+
+async def test_later_versions_reuse_a_dropped_slot_and_sample_their_own_weights(tiny_dir, adapters, tmp_path,
+                                                                                 reward_pool):
+    a, b = adapters
+    c = build_tiny_lora(tiny_dir, tmp_path / "c", seed=3)
+    backend = HFBackend(tiny_dir, device=DEVICE, dtype="float32", lora=a)
+    g = GenerationHyperparameters(max_new_tokens=6, ignore_eos=True)
+    results = []
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        prompt = _prompt(backend.tokenizer, "again")
+        for version, adapter in enumerate((a, b, c, a)):  # c is copied into a's slot, a into b's
+            if version:
+                await engine.update_weights(adapter, version=version)
+            results.append((adapter, await engine.agenerate(ModelRequest(input_ids=prompt, gconfig=g))))
+            assert len(backend._adapters._peft_model.peft_config) <= 2  # the current slot and one free one
+        assert engine.statistics().backend.lora.loaded == ("lora-v3",)
+    for version, (adapter, r) in enumerate(results):
+        assert r.output_versions == [version] * 6
+        lp = torch.tensor(r.output_logprobs)
+        assert (lp - _teacher_forced(_peft(tiny_dir, adapter), prompt, r.output_tokens)).abs().max() < 1e-4

@@ -1,8 +1,11 @@
 """The ``hf`` backend's LoRA adapters: peft's multi-adapter model over the loaded model.
 
-One adapter name (``lora_name``, default ``"lora"``), one peft adapter per loaded version
-(``lora-v0``, ``lora-v1``, ...: :func:`~engine.types.versioned_lora_name`) injected into the
-backend's model, the current one active.  peft's active adapter is a property of the model,
+One adapter name (``lora_name``, default ``"lora"``), one peft adapter *slot* per loaded
+version (``lora-v0``, ``lora-v1``, ...: :func:`~engine.types.versioned_lora_name`) injected
+into the backend's model, the current one active.  A slot whose version was dropped (no
+segment holds it) is kept, one at most, and the next version with the same peft config is
+copied into it: peft's ``add_adapter`` walks every module of the model (seconds on a 135M
+model on 2 busy cores), a copy moves only the adapter's tensors.  peft's active adapter is a property of the model,
 so it is switched only when no ``generate`` is computing: on the trio thread before a static
 batch starts, or inside a weight sync (every batch stopped, or parked between two decoding
 steps).  A retired version (:class:`~engine.backends.lora.AdapterVersions`) is deleted from
@@ -58,6 +61,11 @@ class HFAdapters:
         self.config: dict[str, Any] | None = None
         self._peft_model: Any = None
         self._retired_leases: list[AdapterLease] = []
+        self._slot_of: dict[str, str] = {}  # served name -> its peft adapter (slot)
+        self._free: list[str] = []  # slots whose version was dropped (reused by the next version)
+        self._slot_config: dict[str, dict[str, Any]] = {}
+        self._slot_params: dict[str, dict[str, Any]] = {}  # slot -> {saved key: its parameter}
+        self._slots = 0
 
     @property
     def name(self) -> str:
@@ -73,7 +81,8 @@ class HFAdapters:
 
     # -- blocking (a worker thread; the model is not computing) ----------------------------------
     def load(self, adapter: AdapterWeights, served_name: str) -> None:
-        """Inject ``adapter`` into the model as ``served_name`` (not active yet).  Blocking.
+        """Put ``adapter`` into the model as ``served_name`` (not active yet): copied into a
+        free slot of the same config, else injected as a new peft adapter.  Blocking.
 
         Raises:
             BackendError: peft is missing; the adapter was trained on another base model
@@ -82,34 +91,68 @@ class HFAdapters:
         """
         peft = import_peft()
         check_adapter(adapter, where="the hf backend", base_model=self.base_model_name(), check_base=self.check_base)
+        key = _config_key(adapter.config)
+        slot = next((s for s in self._free if self._slot_config[s] == key), None)
+        if slot is not None and self._copy_into(slot, adapter):
+            self._free.remove(slot)
+        else:
+            slot = self._inject(peft, adapter)
+            self._slot_config[slot] = key
+        self._slot_of[served_name] = slot
+        self.config = dict(adapter.config)
+
+    def _copy_into(self, slot: str, adapter: AdapterWeights) -> bool:
+        """Copy ``adapter``'s tensors into the free ``slot``; ``False`` when they do not
+        have its keys and shapes (then a new slot is made)."""
+        import torch
+
+        params = self._slot_params[slot]
+        if set(params) != set(adapter.tensors) or any(
+                tuple(params[k].shape) != tuple(v.shape) for k, v in adapter.tensors.items()):
+            return False
+        with torch.no_grad():
+            for k, v in adapter.tensors.items():
+                params[k].copy_(v)
+        return True
+
+    def _inject(self, peft: Any, adapter: AdapterWeights) -> str:
         try:
             config = peft.PeftConfig.from_peft_type(**{**adapter.config, "inference_mode": True})
         except (TypeError, ValueError, KeyError) as exc:
             raise BackendError(f"LoRA adapter: its adapter_config.json is not a peft config peft "
                                f"{peft.__version__} reads: {exc}") from exc
+        slot = f"slot{self._slots}"
         first = self._peft_model is None
         try:
+            # low_cpu_mem_usage: the new layers are made on the meta device (no random init: the
+            # tensors below replace them)
             if first:
                 with warnings.catch_warnings():  # transformers' deprecation, raised inside peft's constructor
                     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                    self._peft_model = peft.PeftModel(self.lm.model, config, adapter_name=served_name)
+                    self._peft_model = peft.PeftModel(self.lm.model, config, adapter_name=slot, low_cpu_mem_usage=True)
             else:
-                self._peft_model.add_adapter(served_name, config)
+                self._peft_model.add_adapter(slot, config, low_cpu_mem_usage=True)
             tensors = {k: v.to(device=self.lm.device) for k, v in adapter.tensors.items()}
-            result = peft.set_peft_model_state_dict(self._peft_model, tensors, adapter_name=served_name)
-            missing = [k for k in result.missing_keys if f".{served_name}." in k]
+            result = peft.set_peft_model_state_dict(self._peft_model, tensors, adapter_name=slot,
+                                                    low_cpu_mem_usage=True)
+            missing = [k for k in result.missing_keys if f".{slot}." in k]
             if result.unexpected_keys or missing:
                 raise BackendError(f"LoRA adapter does not fit the model: unexpected keys "
                                    f"{list(result.unexpected_keys)[:3]}, missing keys {missing[:3]}")
         except BackendError:
-            self._discard(served_name, first)
+            self._discard(slot, first)
             raise
         except (RuntimeError, KeyError, ValueError) as exc:  # shape mismatches and the like
-            self._discard(served_name, first)
+            self._discard(slot, first)
             raise BackendError(f"LoRA adapter does not fit the model: {exc}") from exc
-        self.config = dict(adapter.config)
+        named = dict(self._peft_model.named_parameters())
+        params = {k: named.get(_slot_key(k, slot)) for k in adapter.tensors}
+        # a key of another spelling: the slot is not reused (its empty map fits no adapter)
+        self._slot_params[slot] = {} if None in params.values() else params
+        self._slots += 1
+        return slot
 
-    def _discard(self, served_name: str, first: bool) -> None:
+    def _discard(self, slot: str, first: bool) -> None:
         model = self._peft_model
         if model is None:
             return
@@ -120,24 +163,42 @@ class HFAdapters:
             except Exception:  # the failure being reported matters more
                 pass
             return
-        if served_name in model.peft_config:
-            model.delete_adapter(served_name)
+        if slot in model.peft_config:
+            model.delete_adapter(slot)
 
     # -- the trio thread, no batch computing ---------------------------------------------------
     def activate(self, served_name: str) -> None:
         """Make ``served_name`` the adapter the model computes with (no batch may be
         computing: before a batch starts, or inside a weight sync)."""
-        model = self._peft_model
-        if model is not None and model.active_adapter != served_name:
-            model.set_adapter(served_name)
+        model, slot = self._peft_model, self._slot_of.get(served_name)
+        if model is not None and slot is not None and model.active_adapter != slot:
+            model.set_adapter(slot)
 
     def drop_retired(self) -> None:
-        """Delete the retired versions nothing holds any more (no batch may be computing)."""
+        """Drop the retired versions nothing holds any more (no batch may be computing):
+        their slots are freed, one kept for the next version, the others deleted."""
         leases, self._retired_leases = self._retired_leases, []
         for lease in leases:
-            ok = True
-            try:
-                self._peft_model.delete_adapter(lease.served_name)
-            except (KeyError, ValueError, AttributeError):
-                ok = False
-            self.versions.unloaded(lease, ok=ok)
+            slot = self._slot_of.pop(lease.served_name, None)
+            if slot is not None:
+                self._free.append(slot)
+            self.versions.unloaded(lease, ok=slot is not None)
+        while len(self._free) > 1:
+            slot = self._free.pop(0)
+            self._peft_model.delete_adapter(slot)
+            self._slot_config.pop(slot, None)
+            self._slot_params.pop(slot, None)
+
+
+#: config fields that do not change what an adapter computes (a slot is reused across them)
+_IGNORED_CONFIG = frozenset({"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"})
+
+
+def _config_key(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in _IGNORED_CONFIG}
+
+
+def _slot_key(saved_key: str, slot: str) -> str:
+    """``...q_proj.lora_A.weight`` (saved) -> ``...q_proj.lora_A.<slot>.weight`` (in the model)."""
+    head, leaf = saved_key.rsplit(".", 1)
+    return f"{head}.{slot}.{leaf}"

@@ -29,8 +29,6 @@ import trio
 
 
 async def _measure(spec: str, repeats: int) -> dict[str, Any]:
-    import torch
-
     from engine import HFBackend, open_rollout_engine
     from engine.backends.lora import read_adapter, write_adapter
     from engine.models import resolve_model
@@ -59,7 +57,8 @@ async def _measure(spec: str, repeats: int) -> dict[str, Any]:
             await engine.update_weights(adapters[version % 2], version=version)
             times.append(time.perf_counter() - start)
         row["adapter_s"] = statistics.median(times)
-        assert engine.statistics().backend.lora.loaded == (f"lora-v{repeats}",)
+        lora = engine.statistics().backend.lora
+        assert lora is not None and lora.loaded == (f"lora-v{repeats}",)
     writes = []
     for i in range(repeats):
         start = time.perf_counter()
@@ -67,7 +66,6 @@ async def _measure(spec: str, repeats: int) -> dict[str, Any]:
         writes.append(time.perf_counter() - start)
     row["adapter_write_s"] = statistics.median(writes)
     row["bytes_ratio"] = row["adapter_bytes"] / row["full_bytes"]
-    del torch
     return row
 
 

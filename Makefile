@@ -24,7 +24,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(PIP) install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,agents]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,agents,lora]"
 	touch $@
 
 # The built-in model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF inside the
@@ -74,7 +74,7 @@ test-smollm2: $(VENV)/.model
 # build imports nothing of the project; tests/unit/test_docs_examples.py (in `make test`) runs
 # the pages' examples.
 $(VENV)/.docs: $(VENV)/.installed
-	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,agents,docs]"
+	$(PIP) install -q $(PIP_EXTRA) -e ".[test,ray,trl,agents,lora,docs]"
 	touch $@
 
 docs: $(VENV)/.docs

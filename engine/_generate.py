@@ -19,7 +19,7 @@ from ._ledger import Ledger
 from ._records import episode_id, sample_index
 from ._schedule_base import SegmentGate, SegmentPlan
 from .backends.base import InferenceBackend, validate_response
-from .errors import BackendError
+from .errors import BackendError, InvalidRequestError
 from .types import ModelRequest, ModelResponse
 
 __all__ = ["generate"]
@@ -33,6 +33,10 @@ async def generate(req: ModelRequest, backend: InferenceBackend, admission: Admi
             await trio.lowlevel.checkpoint()  # cancelled, so it ends as "cancelled", not failed
         raise trio.ClosedResourceError("the rollout engine is closed")
     budget = req.validate()
+    if req.lora_name is not None and getattr(backend, "lora", None) is None:
+        raise InvalidRequestError(f"request {req.rid}: lora_name={req.lora_name!r}, but the {backend.kind} backend "
+                                  "serves no LoRA adapter (give it one: HFBackend(..., lora=PATH), "
+                                  "make_remote_backend(..., lora=PATH), rollout run --lora PATH)")
     task_id = episode_id.get()
     if task_id is not None and "routing_key" not in req.metadata:  # sticky routing per episode
         req = replace(req, metadata={**req.metadata, "routing_key": f"episode-{task_id}"})

@@ -25,10 +25,17 @@ __all__ = [
     "ModelResponse",
     "StopReason",
     "derive_seed",
+    "versioned_lora_name",
 ]
 
 StopReason = Literal["stop", "length", "tool_calls", "abort"]
 STOP_REASONS: frozenset[str] = frozenset({"stop", "length", "tool_calls", "abort"})
+
+
+def versioned_lora_name(lora_name: str, version: int) -> str:
+    """The name a LoRA adapter's ``version`` is served under: ``f"{lora_name}-v{version}"``
+    (AReaL 1.0.4 ``areal/api/io_struct.py`` ``get_versioned_lora_name``), e.g. ``lora-v3``."""
+    return f"{lora_name}-v{version}"
 
 
 def derive_seed(seed: int, *parts: int | str | None) -> int:
@@ -40,6 +47,13 @@ def derive_seed(seed: int, *parts: int | str | None) -> int:
     """
     digest = hashlib.blake2b(repr((int(seed), *parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def valid_lora_name(name: object) -> bool:
+    """Whether ``name`` can name a LoRA adapter: a non-empty ``str`` without whitespace,
+    ``/`` or ``\\`` (it becomes a server-side model name and part of a folder name)."""
+    return (isinstance(name, str) and bool(name) and not any(c.isspace() for c in name)
+            and "/" not in name and "\\" not in name)
 
 
 @dataclass
@@ -162,8 +176,14 @@ class ModelRequest:
             negated to SGLang's default sense, by the ``sglang`` backend (the server needs
             ``--enable-priority-scheduling``); never sent while ``0``.  The ``hf`` backend
             ignores it; the sim honours it with ``SimConfig(scheduling_policy="priority")``.
-            The engine's scheduling policies set it per segment (:mod:`engine._scheduling`); with ``EngineConfig(scheduling="fcfs")`` a
-            request keeps its own.
+            The engine's scheduling policies set it per segment
+            (:mod:`engine._scheduling`); with ``EngineConfig(scheduling="fcfs")`` a request
+            keeps its own.
+        lora_name: the LoRA adapter to sample with, by its base name (``"lora"``, not a
+            versioned ``"lora-v3"``: the backend serves the adapter's latest version, and
+            the tokens carry that version); ``None``: the backend's default adapter when
+            it serves one, else the base model.  AReaL's field name (its
+            ``WeightUpdateMeta.lora_name``); :mod:`engine.backends.lora` has the story.
     """
 
     rid: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -174,6 +194,7 @@ class ModelRequest:
     image_data: list[str] | None = None
     processor: Any = None
     priority: int = 0
+    lora_name: str | None = None
 
     def validate(self) -> int:
         """Check the request and return its new-token budget.
@@ -181,7 +202,8 @@ class ModelRequest:
         Raises:
             InvalidRequestError: empty or non-int ``input_ids``, ``n_samples != 1``,
                 ``image_data`` that is not a list of strings, a ``priority`` that is not
-                an int, an out-of-range sampling parameter, or a budget <= 0.
+                an int, a ``lora_name`` that is not a non-empty string without spaces or
+                slashes, an out-of-range sampling parameter, or a budget <= 0.
         """
         if not self.input_ids:
             raise InvalidRequestError(f"request {self.rid}: input_ids is empty")
@@ -196,6 +218,9 @@ class ModelRequest:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise InvalidRequestError(f"request {self.rid}: priority must be an int (lower is served first), "
                                       f"got {self.priority!r}")
+        if self.lora_name is not None and not valid_lora_name(self.lora_name):
+            raise InvalidRequestError(f"request {self.rid}: lora_name must be a non-empty string without spaces "
+                                      f"or slashes (an adapter's name, e.g. 'lora'), got {self.lora_name!r}")
         self.gconfig.validate()
         if self.gconfig.n_samples != 1:
             raise InvalidRequestError(

@@ -48,6 +48,7 @@ import trio
 
 from ..errors import BackendError, InvalidRequestError
 from ..types import STOP_REASONS, ModelRequest, ModelResponse
+from .lora import AdapterVersions, LoraStatistics
 
 __all__ = [
     "BackendStatistics",
@@ -77,6 +78,8 @@ class BackendStatistics:
         requests_served: segments answered (any stop reason).
         requests_running: segments being served now.
         tokens_generated: tokens in the answered segments.
+        lora: the LoRA adapters served (:class:`~engine.backends.lora.LoraStatistics`),
+            ``None`` when the backend serves none.
     """
 
     kind: str
@@ -85,6 +88,7 @@ class BackendStatistics:
     requests_served: int = 0
     requests_running: int = 0
     tokens_generated: int = 0
+    lora: LoraStatistics | None = None
 
 
 @runtime_checkable
@@ -114,7 +118,9 @@ class WeightSync(Protocol):
 
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
         """Load new weights from ``source`` (a checkpoint folder; the hf backend also takes
-        a state dict); tokens generated with them will be tagged ``version``.  Called
+        a state dict; backends that serve LoRA take an adapter: a peft model, a peft state
+        dict or an adapter folder, :mod:`engine.backends.lora`); tokens generated with them
+        will be tagged ``version``.  Called
         between :meth:`pause` and :meth:`resume` (when called alone it pauses and resumes
         around itself).  On failure the old weights stay and it raises
         :class:`~engine.errors.BackendError`."""
@@ -140,12 +146,16 @@ class InferenceBackend(abc.ABC):
             process, so each copy of the backend loads its own weights; True (the remote
             clients): the weights live in servers that several clients share, so a
             weight update loads them once for all (engine shards: :mod:`engine.shards._weights`).
+        lora: the LoRA adapters it serves (:class:`~engine.backends.lora.AdapterVersions`),
+            ``None`` (default) when it serves none: then a request naming a ``lora_name``
+            is refused.
     """
 
     kind: ClassVar[str] = "backend"
     logprob_semantics: ClassVar[str] = "processed"
     weights_shared_across_clients: ClassVar[bool] = False
     _version: int = 0
+    lora: AdapterVersions | None = None
 
     @property
     def version(self) -> int:
@@ -221,7 +231,8 @@ class PerRequestBackend(InferenceBackend):
         """The :class:`BackendStatistics` fields, for subclasses' records."""
         return {"kind": self.kind, "version": self.version, "logprob_semantics": self.logprob_semantics,
                 "requests_served": self.requests_served, "requests_running": self.requests_running,
-                "tokens_generated": self.tokens_generated}
+                "tokens_generated": self.tokens_generated,
+                "lora": None if self.lora is None else self.lora.statistics()}
 
     def statistics(self) -> BackendStatistics:
         return BackendStatistics(**self._base_stats())

@@ -9,8 +9,8 @@ from typing import Any
 
 import trio
 
-__all__ = ["API_KEY_ENV", "SHARD_STATS_INTERVAL_S", "STRAGGLERS", "open_engine", "server_api_key", "setup_backend",
-           "tokenizer_and_backend"]
+__all__ = ["API_KEY_ENV", "SHARD_STATS_INTERVAL_S", "STRAGGLERS", "lora_options", "open_engine", "server_api_key",
+           "setup_backend", "tokenizer_and_backend"]
 
 #: How often a shard sends its statistics (open_sharded_engine's stats_interval_s): a
 #: live shard is never silent longer, so --shard-timeout must exceed it.
@@ -36,13 +36,14 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 
         path = resolve_model(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
+        lora = lora_options(args)
         if args.shards:  # each shard process loads its own copy (an HFBackend cannot be pickled)
             from ..backends.hf import HFBackendFactory
 
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # more than one: a GPU per shard
             return tokenizer, HFBackendFactory(path, devices=[f"cuda:{i}" for i in range(gpus)] if gpus > 1 else None,
-                                               max_batch_size=args.concurrency)
-        return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency)
+                                               max_batch_size=args.concurrency, **lora)
+        return tokenizer, HFBackend(path, tokenizer, max_batch_size=args.concurrency, **lora)
     if args.model is None:
         from ..models._tiny import build_tiny_tokenizer
 
@@ -56,6 +57,19 @@ def tokenizer_and_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 
 async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """``(tokenizer, backend, used)``: ``used`` names the model, tokenizer and servers."""
+    if getattr(args, "lora_name", None) is not None and getattr(args, "lora", None) is None:
+        from ..errors import InvalidRequestError
+
+        raise InvalidRequestError("--lora-name names the adapter of --lora PATH: give --lora too")
+    if getattr(args, "lora", None) is not None:
+        from ..errors import InvalidRequestError
+
+        if args.backend == "sim":
+            raise InvalidRequestError("--lora needs a model to adapt: --backend hf, vllm or sglang (the sim backend "
+                                      "has no weights)")
+        if args.shards and args.backend != "hf":
+            raise InvalidRequestError("--lora with --shards on a remote backend is not supported: each shard's client "
+                                      "would load the adapter under the same name; run one process (no --shards)")
     if args.backend in ("sglang", "vllm"):  # waits for the servers, asks them for their model
         from ..backends.remote import RemoteCallError, open_remote_backend
         from ..backends.remote.vllm import LogprobsModeError, SeededSamplingError
@@ -67,7 +81,8 @@ async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, A
             return await open_remote_backend(args.backend, args.server, model=args.model,
                                              request_timeout_s=args.request_timeout,
                                              startup_timeout_s=args.startup_timeout, api_key=key,
-                                             **remote_deadlines(args))  # --no-server-timeout, --attempt-timeout
+                                             **remote_deadlines(args),  # --no-server-timeout, --attempt-timeout
+                                             **lora_options(args))  # --lora, --lora-name
         except LogprobsModeError as exc:  # its fix names a Python switch the CLI has not
             raise exc.with_fix(_CLI_LOGPROBS_FIX) from None
         except SeededSamplingError as exc:  # likewise (rollout run always sends seeds)
@@ -81,6 +96,15 @@ async def setup_backend(args: argparse.Namespace) -> tuple[Any, Any, dict[str, A
     name = getattr(tokenizer, "name_or_path", None)
     return tokenizer, backend, {"model": model, "tokenizer": str(name) if name else "builtin:tiny-tokenizer",
                                 "servers": []}
+
+
+def lora_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The backend arguments of ``--lora PATH`` and ``--lora-name NAME`` (none without ``--lora``)."""
+    if getattr(args, "lora", None) is None:
+        return {}
+    from ..backends.lora import DEFAULT_LORA_NAME
+
+    return {"lora": args.lora, "lora_name": args.lora_name or DEFAULT_LORA_NAME}
 
 
 def open_engine(args: argparse.Namespace, backend: Any, config: Any, tokenizer: Any) -> Any:

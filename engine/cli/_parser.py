@@ -67,6 +67,22 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _adapter_folder(text: str) -> str:
+    """``--lora``: a peft adapter folder (``adapter_config.json``) that exists here."""
+    if not (Path(text) / "adapter_config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a LoRA adapter folder (no adapter_config.json in it: "
+                                         "what peft's save_pretrained writes)")
+    return text
+
+
+def _lora_name(text: str) -> str:
+    from ..types import valid_lora_name
+
+    if not valid_lora_name(text):
+        raise argparse.ArgumentTypeError(f"must be a name without spaces or slashes, got {text!r}")
+    return text
+
+
 _RUN_ERROR = "rollout run: error:"  # argparse's prefix for `rollout run`: every error line of the run has it
 
 
@@ -120,6 +136,13 @@ def build_parser() -> _Parser:
                      help="API key of servers started with --api-key (vLLM, SGLang, rollout serve), sent as "
                           "Authorization: Bearer KEY (default: $ROLLOUT_SERVER_API_KEY, which keeps it out of the "
                           "process list; never written to config.toml or printed)")
+    run.add_argument("--lora", type=_adapter_folder, default=None, metavar="PATH",
+                     help="sample with this LoRA adapter (a peft adapter folder) on top of the model: --backend hf "
+                          "loads it with peft (pip install 'trio-rollout[lora]'); vllm/sglang load it on every server "
+                          "(vLLM: --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: "
+                          "--enable-lora), which must read the folder at the path given here")
+    run.add_argument("--lora-name", type=_lora_name, default=None, metavar="NAME",
+                     help="the adapter's name (default lora): it is served as NAME-v<version>")
     run.add_argument("--n-samples", type=_positive_int, default=2, help="samples per prompt (default 2)")
     run.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new-token budget (default 128)")
     run.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (default 1.0)")

@@ -365,9 +365,13 @@ def safetensors_refusal(path: str) -> str | None:
     ``model.safetensors.index.json`` of sharded ones), as ``save_pretrained`` writes them,
     loads: no hub id (nothing is downloaded), no single file, no folder whose weights are
     pickled ``*.bin``/``*.pt`` files (unpickling runs code; ``from_pretrained`` prefers the
-    safetensors when both are there).  Blocking (reads the folder)."""
+    safetensors when both are there).  A LoRA adapter folder (``adapter_config.json`` and
+    ``adapter_model.safetensors``) loads too: the backend's next adapter version.  Blocking
+    (reads the folder)."""
     folder = Path(path)
     need = "config.json and model.safetensors (or model.safetensors.index.json), as save_pretrained writes them"
+    if (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file():
+        return None  # a LoRA adapter (rollout serve --lora: the next version)
     if not folder.is_dir():
         return f"model_path {path!r} is not a folder on this server: weights load only from a folder with {need}"
     weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()

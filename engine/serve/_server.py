@@ -13,6 +13,7 @@ import argparse
 import functools
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class ServeConfig:
     ``::1``, ``localhost``): a server reachable from other machines would otherwise let
     anyone generate, pause it, or load weights into it.
 
+    ``lora``: a LoRA adapter folder every request samples (``lora_name``, default ``lora``,
+    served as ``lora-v<version>``; :class:`~engine.backends.hf.HFBackend`'s ``lora``);
+    ``/update_weights_from_disk`` with an adapter folder then loads the next version.
+
     Raises:
         InvalidRequestError: ``host`` is not loopback and ``api_key`` is not set, or
             ``api_key`` is not a non-empty string of visible ASCII characters.
@@ -57,8 +62,18 @@ class ServeConfig:
     torch_threads: int | None = None
     seed: int = 0
     api_key: str | None = field(default=None, repr=False)
+    lora: str | None = None
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.lora is not None and not os.path.isfile(os.path.join(self.lora, "adapter_config.json")):
+            raise InvalidRequestError(f"--lora {self.lora} is not a LoRA adapter folder (no adapter_config.json in it)")
+        if self.lora_name is not None:
+            from ..backends.lora import check_lora_name
+
+            check_lora_name("--lora-name", self.lora_name)
+            if self.lora is None:
+                raise InvalidRequestError("--lora-name names the adapter of --lora PATH: give --lora too")
         if self.api_key is not None:
             from ..backends.remote import ApiKey
 
@@ -99,7 +114,7 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
     torch.manual_seed(config.seed)
     path = await trio.to_thread.run_sync(resolve_model, config.model)
     backend = HFBackend(path, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
-                        batch_window_s=config.batch_window_s)
+                        batch_window_s=config.batch_window_s, lora=config.lora, lora_name=config.lora_name or "lora")
     server = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path),
                           api_key=config.api_key)
     sockets = await open_listeners(config.host, config.port)  # a busy port: OSError here, not in a group
@@ -139,6 +154,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require Authorization: Bearer KEY on every route (401 otherwise); needed when --host is "
                         "not a loopback address (127.0.0.1, ::1, localhost); clients: rollout run --server-api-key")
+    p.add_argument("--lora", default=None, metavar="PATH",
+                   help="serve the model with this LoRA adapter (a peft adapter folder; needs peft: pip install "
+                        "'trio-rollout[lora]'); /update_weights_from_disk with an adapter folder loads the next version")
+    p.add_argument("--lora-name", default=None, metavar="NAME", help="the adapter's name (default lora)")
     p.set_defaults(handler=run_serve)
     return p
 
@@ -155,7 +174,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config = ServeConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                              max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
                              served_model_name=args.served_model_name, torch_threads=args.torch_threads,
-                             seed=args.seed, api_key=args.api_key)
+                             seed=args.seed, api_key=args.api_key, lora=args.lora, lora_name=args.lora_name)
         try:
             trio.run(serve, config)
         except BaseExceptionGroup as group:  # raised inside the server's nursery (e.g. loading the model)

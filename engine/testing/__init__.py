@@ -17,6 +17,7 @@ Nothing here touches the network; everything is deterministic across processes.
     path = build_tiny_model(tmp_path / "tiny")          # HF folder: config, weights, tokenizer
     # then use `path` wherever a model spec is accepted (a local directory)
     vlm = build_tiny_vlm(tmp_path / "vlm")              # Llava: config, weights, processor
+    lora = build_tiny_lora(path, tmp_path / "lora-1", seed=1)  # rank-8 peft adapter folder (needs peft)
 
 Tokenizer ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<|im_start|>`` 3, ``<|im_end|>`` 4,
 then byte ``b`` is id ``b + 5`` (no merges: one token per UTF-8 byte, so ids are easy to
@@ -41,6 +42,7 @@ an image into ``pixel_values`` of shape ``[1, 3, 32, 32]`` float32.
 """
 
 from ._doubles import InProcessRewardPool, MockBackend
+from ._lora import TINY_LORA_TARGETS, build_tiny_lora
 from engine.models._tiny import (
     TINY_BOS_ID,
     TINY_EOS_ID,
@@ -59,10 +61,12 @@ __all__ = [
     "TINY_EOS_ID",
     "TINY_IMAGE_TOKEN",
     "TINY_IMAGE_TOKEN_ID",
+    "TINY_LORA_TARGETS",
     "TINY_PAD_ID",
     "TINY_VLM_IMAGE_TOKENS",
     "InProcessRewardPool",
     "MockBackend",
+    "build_tiny_lora",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "build_tiny_vlm",

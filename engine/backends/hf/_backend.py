@@ -7,6 +7,8 @@ weight updates and images.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -17,9 +19,12 @@ import trio
 
 from ...errors import BackendError, InvalidRequestError
 from ...types import ModelRequest, ModelResponse
+from ...types import versioned_lora_name
 from ..base import BackendStatistics, InferenceBackend, check_sync_mode
+from ..lora import ADAPTER_CONFIG, DEFAULT_LORA_NAME, AdapterLease, check_lora_name, is_adapter_source, read_adapter
 from ._continuous import ContinuousBatcher
 from ._jobs import Batcher, JobQueue
+from ._lora import HFAdapters
 from ._model import LoadedModel
 from ._static import StaticBatcher
 
@@ -70,6 +75,23 @@ class HFBackend(InferenceBackend):
             episodes lands in one batch (static mode).
         cache_tokens: KV-cache size of continuous mode, in tokens (sized
             explicitly: auto-sizing takes ~15 s on CPU).
+        lora: a LoRA adapter to serve (an adapter folder, a peft model or
+            :class:`~engine.backends.lora.AdapterWeights`; needs peft), loaded when the
+            backend opens as ``{lora_name}-v{version}``; every request samples it (see
+            "LoRA" below).  ``model`` may also be an adapter folder itself: then its
+            ``base_model_name_or_path`` is the model.
+        lora_name: the adapter's name (default ``"lora"``).
+        check_lora_base: refuse an adapter whose ``base_model_name_or_path`` names another
+            model than the one served (:func:`~engine.backends.lora.check_adapter`).
+
+    LoRA (:mod:`engine.backends.lora`, :mod:`engine.backends.hf._lora`): peft's
+    multi-adapter model in this process.  ``update_weights(adapter, version=v)`` (a peft
+    model, a peft state dict, an adapter folder) injects the adapter as ``lora-v{v}`` next
+    to the one in use, switches to it inside the weight sync (``"abort"``: the aborted
+    segments resume on it; ``"in_place"``: the parked batch continues with it, its tokens
+    tagged ``v`` from the boundary on) and deletes the old one once no segment holds it.
+    Only the adapter travels.  A backend opened without ``lora`` starts serving one at its
+    first adapter update.  A request's ``lora_name`` must be the adapter's name.
 
     Attributes:
         update_requested: a ``threading.Event`` set while a weight sync's pause is on
@@ -98,6 +120,9 @@ class HFBackend(InferenceBackend):
         max_batch_size: int = 64,
         batch_window_s: float = 0.02,
         cache_tokens: int = 16384,
+        lora: Any = None,
+        lora_name: str = DEFAULT_LORA_NAME,
+        check_lora_base: bool = True,
     ) -> None:
         if mode not in ("static", "continuous"):
             raise InvalidRequestError(f"mode must be 'static' or 'continuous', got {mode!r}")
@@ -105,6 +130,12 @@ class HFBackend(InferenceBackend):
             raise InvalidRequestError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_window_s < 0:
             raise InvalidRequestError(f"batch_window_s must be >= 0, got {batch_window_s}")
+        self._lora_name = check_lora_name("HFBackend", lora_name)
+        self._check_lora_base = check_lora_base
+        if lora is None and isinstance(model, (str, os.PathLike)) and is_adapter_source(model):
+            lora, model = os.fspath(model), _adapter_base(os.fspath(model))
+        self._lora_source = lora
+        self._adapters: HFAdapters | None = None
         self._lm = LoadedModel(model, tokenizer, device=device, dtype=dtype)
         self.mode = mode
         self.max_batch_size = max_batch_size
@@ -120,11 +151,14 @@ class HFBackend(InferenceBackend):
         def version() -> int:
             return self.version
 
+        def adapters() -> HFAdapters | None:
+            return self._adapters
+
         if self.mode == "continuous":
             return ContinuousBatcher(self._lm, version, max_batch_size=self.max_batch_size,
-                                     cache_tokens=self.cache_tokens)
+                                     cache_tokens=self.cache_tokens, adapters=adapters)
         return StaticBatcher(self._lm, version, max_batch_size=self.max_batch_size,
-                             batch_window_s=self.batch_window_s)
+                             batch_window_s=self.batch_window_s, adapters=adapters)
 
     # -- the loaded model (public, read after open) ------------------------------------------
     @property
@@ -165,6 +199,8 @@ class HFBackend(InferenceBackend):
         """Load the model (in a thread), then run the batcher until the scope ends;
         requests still queued then fail with :class:`BackendError`."""
         await trio.to_thread.run_sync(self._lm.load)
+        if self._lora_source is not None and self._adapters is None:
+            await self._load_adapter(self._lora_source, self.version)
         queue = JobQueue(self.max_batch_size)
         async with trio.open_nursery() as nursery:
             await nursery.start(self._batcher.run, queue.jobs)
@@ -181,6 +217,8 @@ class HFBackend(InferenceBackend):
         if queue is None:
             raise BackendError(f"request {request.rid}: the hf backend is not open (use `async with backend.open()`; "
                                "open_rollout_engine does)")
+        if request.lora_name is not None and self._adapters is not None:
+            self._adapters.versions.resolve(request.lora_name)  # an unknown name: InvalidRequestError
         return await queue.submit(request, budget)
 
     # -- weight sync (engine.backends.base.WeightSync) ----------------------------------
@@ -218,7 +256,9 @@ class HFBackend(InferenceBackend):
 
         Args:
             source: a state dict (``{name: tensor}``) or a checkpoint folder that
-                ``from_pretrained`` can load (same architecture).
+                ``from_pretrained`` can load (same architecture); or a LoRA adapter (a
+                peft model, a peft state dict, an adapter folder: see "LoRA" in the class
+                docstring), loaded as ``{lora_name}-v{version}``.
             version: the version of the new weights.
             mode: ``"abort"`` or ``"in_place"`` (see the package docstring); used to
                 pause when the backend is not paused already (then it resumes after).
@@ -226,20 +266,55 @@ class HFBackend(InferenceBackend):
         Raises:
             InvalidRequestError: unknown ``mode``.
             BackendError: the weights do not fit the model (missing/unexpected keys,
-                shape mismatch); the old weights stay.
+                shape mismatch), the adapter was trained on another base model, that
+                adapter version is loaded already, full weights sent to a backend that
+                serves an adapter; the old weights (or adapter) stay.
         """
         check_sync_mode("hf backend update_weights", mode)
+        adapter = is_adapter_source(source)
+        if not adapter and self._adapters is not None:
+            raise BackendError(f"hf backend serves the LoRA adapter {self._adapters.name!r}: update_weights takes an "
+                               "adapter (a peft model, a peft state dict or an adapter folder), not full weights")
         own_pause = self._paused_mode is None
         if own_pause:
             await self.pause(mode)
         try:
-            state = await trio.to_thread.run_sync(self._lm.read_state, source)
-            await trio.to_thread.run_sync(self._lm.load_state, state)
-            self._weight_updates += 1
-            self._batcher.weights_loaded(version)
+            if adapter:
+                new = await self._load_adapter(source, version)
+                self._weight_updates += 1
+                self._batcher.weights_loaded(version)
+                adapters = self._adapters
+                assert adapters is not None
+                if mode == "in_place":  # the parked segments continue on the new adapter
+                    self._batcher.move_leases(lambda lease: adapters.versions.move(lease, new))
+                adapters.drop_retired()
+            else:
+                state = await trio.to_thread.run_sync(self._lm.read_state, source)
+                await trio.to_thread.run_sync(self._lm.load_state, state)
+                self._weight_updates += 1
+                self._batcher.weights_loaded(version)
         finally:
             if own_pause:
                 await self.resume()
+
+    async def _load_adapter(self, source: Any, version: int) -> AdapterLease:
+        """Load ``source`` as ``{lora_name}-v{version}``, make it the current version and the
+        active adapter (no batch may be computing: at open, or inside a weight sync).
+
+        Raises:
+            BackendError: see :meth:`update_weights`.
+        """
+        adapters = self._adapters or HFAdapters(self._lm, self._lora_name, check_base=self._check_lora_base)
+        served = versioned_lora_name(adapters.name, version)
+        if served in adapters.versions.loaded():
+            raise BackendError(f"LoRA adapter {served!r} is loaded already: a new adapter needs a new version")
+        weights = await trio.to_thread.run_sync(lambda: read_adapter(source, config=adapters.config))
+        await trio.to_thread.run_sync(adapters.load, weights, served)
+        adapters.activate(served)
+        lease = adapters.versions.add(adapters.name, version)
+        self._adapters = adapters
+        self.lora = adapters.versions
+        return lease
 
     def statistics(self) -> HFStatistics:
         c = self._batcher.counts()
@@ -249,7 +324,23 @@ class HFBackend(InferenceBackend):
             tokens_generated=c.tokens_generated, mode=self.mode, requests_waiting=c.requests_waiting,
             batches=c.batches, batch_occupancy=c.batch_occupancy, aborts=c.aborts,
             weight_updates=self._weight_updates, paused=self.paused,
+            lora=None if self._adapters is None else self._adapters.versions.statistics(),
         )
+
+
+def _adapter_base(folder: str) -> str:
+    """The base model an adapter folder names (``base_model_name_or_path``).
+
+    Raises:
+        InvalidRequestError: it names none.
+    """
+    with open(os.path.join(folder, ADAPTER_CONFIG), encoding="utf-8") as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base:
+        raise InvalidRequestError(f"HFBackend: {folder} is a LoRA adapter that names no base model "
+                                  f"(base_model_name_or_path in its {ADAPTER_CONFIG}): pass the base model as "
+                                  "model= and the adapter as lora=")
+    return str(base)
 
 
 class HFBackendFactory:

@@ -42,8 +42,10 @@ import trio
 
 from ...errors import BackendError, InvalidRequestError
 from ...types import ModelResponse, StopReason
+from ..lora import AdapterLease
 from ._gate import Gate
 from ._jobs import Batcher, BatcherCounts, GenerationJob
+from ._lora import HFAdapters
 from ._model import LoadedModel, stop_ids, tag_versions
 
 __all__ = ["ContinuousBatcher"]
@@ -66,6 +68,7 @@ class _Live:
     ttft: float | None = None
     result: outcome.Outcome[ModelResponse] | None = None
     done: trio.Event = field(default_factory=trio.Event)
+    lease: AdapterLease | None = None
 
 
 class ContinuousBatcher(Batcher):
@@ -77,12 +80,17 @@ class ContinuousBatcher(Batcher):
         max_batch_size: requests per decoding step.
         cache_tokens: KV-cache size, in tokens.
         page_size: tokens per KV-cache block.
+        adapters: the backend's LoRA adapters (``None``: none).  peft's active adapter is
+            the model's, shared by every running request: the current version, switched
+            only inside a weight sync (the manager held); each request leases it.
     """
 
     def __init__(self, lm: LoadedModel, current_version: Callable[[], int], *, max_batch_size: int,
-                 cache_tokens: int, page_size: int = 32) -> None:
+                 cache_tokens: int, page_size: int = 32,
+                 adapters: Callable[[], HFAdapters | None] = lambda: None) -> None:
         self.lm = lm
         self.current_version = current_version
+        self.adapters = adapters
         self.max_batch_size = max_batch_size
         self.gate = Gate()  # open unless a weight sync holds new requests
         self._stats: Counter[str] = Counter()
@@ -171,6 +179,9 @@ class ContinuousBatcher(Batcher):
         req, g = job.request, job.request.gconfig
         live = _Live(job, f"{req.rid}#{next(self._ids)}", self.current_version(),  # read before sending (PR #1569)
                      frozenset(stop_ids(self.lm.tokenizer, req)), trio.current_time())
+        adapters = self.adapters()
+        if adapters is not None and adapters.versions.current() is not None:
+            live.lease = adapters.versions.acquire()  # the active adapter (read with the version)
         self._live[live.rid] = live
         self._stats["requests_running"] += 1
         try:
@@ -185,6 +196,7 @@ class ContinuousBatcher(Batcher):
             self._stats["requests_running"] -= 1
             if self._live.pop(live.rid, None) is not None and live.result is None:
                 self.manager.cancel_request(live.rid)  # withdrawn: free its slot
+            self._release(live)  # (withdrawn; else _finish did)
         if live.result is not None and not job.withdrawn:
             job.reply(live.result)
 
@@ -234,8 +246,15 @@ class ContinuousBatcher(Batcher):
         self.manager.cancel_request(live.rid)
         return True
 
+    def _release(self, live: _Live) -> None:
+        lease, live.lease = live.lease, None
+        adapters = self.adapters()
+        if lease is not None and adapters is not None:
+            adapters.versions.release(lease)  # a retired version is deleted inside the weight sync
+
     def _finish(self, live: _Live, *, error: Exception | None = None, aborted: bool = False) -> None:
         self._live.pop(live.rid, None)
+        self._release(live)
         if error is not None:
             live.result = outcome.Error(error)
         else:
@@ -282,6 +301,11 @@ class ContinuousBatcher(Batcher):
         """The weights changed (manager held): later tokens of running requests carry ``version``."""
         for live in self._live.values():
             live.boundaries.append((len(live.tokens), version))
+
+    def move_leases(self, move: Callable[[AdapterLease], AdapterLease]) -> None:
+        for live in self._live.values():
+            if live.lease is not None:
+                live.lease = move(live.lease)
 
     async def resume(self) -> None:
         cm, self._pause_cm = self._pause_cm, None

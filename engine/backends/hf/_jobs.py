@@ -11,6 +11,7 @@ generate thread reads).
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import outcome
@@ -18,6 +19,7 @@ import trio
 
 from ...errors import BackendError
 from ...types import ModelRequest, ModelResponse
+from ..lora import AdapterLease
 
 __all__ = ["Batcher", "BatcherCounts", "GenerationJob", "JobQueue"]
 
@@ -141,6 +143,10 @@ class Batcher(abc.ABC):
     def weights_loaded(self, version: int) -> None:
         """While paused, the model's weights were replaced: tokens that running (parked)
         segments decode from now on carry ``version``."""
+
+    def move_leases(self, move: Callable[[AdapterLease], AdapterLease]) -> None:
+        """While paused, after an in-place adapter switch: the segments still running (parked)
+        compute with the new adapter from now on, so their leases move (``move(old) -> new``)."""
 
     @abc.abstractmethod
     async def resume(self) -> None:

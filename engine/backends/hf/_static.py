@@ -34,8 +34,10 @@ import trio
 
 from ...errors import BackendError, InvalidRequestError
 from ...types import ModelRequest, ModelResponse, StopReason
+from ..lora import AdapterLease
 from ._gate import StepGate
 from ._jobs import Batcher, BatcherCounts, GenerationJob
+from ._lora import HFAdapters
 from ._model import NO_TOP_K, LoadedModel, stop_ids, tag_versions
 
 __all__ = ["StaticBatcher", "generation_config"]
@@ -162,12 +164,17 @@ class StaticBatcher(Batcher):
         current_version: the policy version tokens are tagged with, read before each batch.
         max_batch_size: requests per ``generate`` call.
         batch_window_s: keep collecting while requests arrive within this many seconds.
+        adapters: the backend's LoRA adapters, read before each batch (``None``: none):
+            a batch takes a lease on the current version, with its version, and makes it
+            the active adapter before it starts (:mod:`._lora`).
     """
 
     def __init__(self, lm: LoadedModel, current_version: Callable[[], int], *, max_batch_size: int,
-                 batch_window_s: float) -> None:
+                 batch_window_s: float, adapters: Callable[[], HFAdapters | None] = lambda: None) -> None:
         self.lm = lm
         self.current_version = current_version
+        self.adapters = adapters
+        self._leases: list[AdapterLease] = []  # the running batch's adapter, one lease per row
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.gate = StepGate()
@@ -204,6 +211,9 @@ class StaticBatcher(Batcher):
 
     def weights_loaded(self, version: int) -> None:
         self.gate.mark_boundary(version)
+
+    def move_leases(self, move: Callable[[AdapterLease], AdapterLease]) -> None:
+        self._leases = [move(lease) for lease in self._leases]
 
     async def resume(self) -> None:
         self.gate.resume()
@@ -245,6 +255,11 @@ class StaticBatcher(Batcher):
         return batch
 
     async def _run_group(self, group: list[GenerationJob]) -> None:
+        adapters = self.adapters()
+        if adapters is not None and adapters.versions.current() is not None:
+            adapters.drop_retired()  # (no batch computes here)
+            self._leases = [adapters.versions.acquire() for _ in group]  # with the version, before it is sent
+            adapters.activate(self._leases[0].served_name)
         version = self.current_version()  # read before the segment is sent (AReaL PR #1569)
         start = trio.current_time()
         self._stats["batches"] += 1
@@ -260,6 +275,9 @@ class StaticBatcher(Batcher):
             return
         finally:
             self._stats["requests_running"] = 0
+            leases, self._leases = self._leases, []
+            for lease in leases:
+                adapters.versions.release(lease)  # type: ignore[union-attr]
         end = trio.current_time()
         for job, row in zip(group, rows):
             if job.withdrawn:

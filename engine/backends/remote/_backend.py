@@ -26,11 +26,13 @@ import trio
 from ...errors import BackendError, BackendTimeoutError, BackendUnavailableError, InvalidRequestError
 from ...types import ModelRequest, ModelResponse
 from ..base import PerRequestBackend, check_sync_mode
+from ..lora import DEFAULT_LORA_NAME, check_lora_name, is_adapter_source
 from ._config import ApiKey, RemoteTimeouts, RetryPolicy
 from ._control import PoolControl, checkpoint_folder
 from ._errors import RemoteCallError, RemoteTimeoutError, decode_json, describe, excerpt, history, map_exceptions
 from ._health import HealthMonitor
 from ._http import ServerClient
+from ._lora import RemoteAdapters
 from ._routing import Server, ServerPool, normalize_url
 from ._stats import COUNTERS, RemoteStatistics
 from ._wire import ParsedGeneration, WireCall, WireProtocol
@@ -66,6 +68,14 @@ class RemoteBackend(PerRequestBackend):
             absence): see ``Raises`` of :meth:`wait_ready`.
         seed: seeds the backoff jitter.
         sticky_cache_size: routing keys remembered for stickiness (LRU).
+        lora: a LoRA adapter to serve (an adapter folder, a peft model, ...), loaded on
+            every server when the backend opens as ``{lora_name}-v{version}``; every
+            segment then samples the current version (:mod:`._lora`).  A backend opened
+            without one starts serving one at its first adapter update.
+        lora_name: the adapter's name (default ``"lora"``).
+        lora_dir: where each version's folder is written (the servers must read it;
+            default: a temporary folder).
+        check_lora_base: refuse an adapter trained on another base model than the servers'.
 
     Attributes:
         weights_shared_across_clients: True: the weights live in the servers, not in this
@@ -96,6 +106,10 @@ class RemoteBackend(PerRequestBackend):
         api_key: ApiKey | str | None = None,
         seed: int | None = None,
         sticky_cache_size: int = 100_000,
+        lora: Any = None,
+        lora_name: str = DEFAULT_LORA_NAME,
+        lora_dir: str | None = None,
+        check_lora_base: bool = True,
     ) -> None:
         super().__init__(max_concurrency=max_concurrency)
         if isinstance(servers, str):
@@ -112,7 +126,13 @@ class RemoteBackend(PerRequestBackend):
         self._stats: Counter[str] = Counter()
         self.control = PoolControl(self.pool, self.http, wire, kind=self.kind, stats=self._stats)
         self.health = HealthMonitor(self.pool, self.http, self.timeouts, kind=self.kind,
-                                    health_path=wire.health_path, replay=self.control.replay, stats=self._stats)
+                                    health_path=wire.health_path, replay=self._replay, stats=self._stats)
+        self._lora_name = check_lora_name(type(self).__name__, lora_name)
+        self._lora_dir, self._check_lora_base = lora_dir, check_lora_base
+        self.adapters: RemoteAdapters | None = None
+        if lora is not None:
+            self._enable_adapters(lora)
+        self._adapter_nursery: trio.Nursery | None = None
         self._ready = False  # wait_ready has run (it runs once)
         self._rng = random.Random(seed)
         self._wire_seq = itertools.count()
@@ -154,8 +174,32 @@ class RemoteBackend(PerRequestBackend):
         await self.wait_ready()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.health.run)
-            yield self
+            self._adapter_nursery = nursery
+            try:
+                if self.adapters is not None:
+                    await nursery.start(self.adapters.run)
+                    if self.adapters.source is not None and self.adapters.versions.current() is None:
+                        await self.adapters.load(self.adapters.source, self.version)
+                yield self
+            finally:
+                self._adapter_nursery = None
+                if self.adapters is not None:
+                    await self.adapters.aclose()  # shielded, bounded
             nursery.cancel_scope.cancel()
+
+    def _enable_adapters(self, source: Any = None) -> RemoteAdapters:
+        self.adapters = RemoteAdapters(self.pool, self.http, self.wire, self.timeouts, kind=self.kind,
+                                       name=self._lora_name, source=source, lora_dir=self._lora_dir,
+                                       check_base=self._check_lora_base)
+        self.lora = self.adapters.versions
+        return self.adapters
+
+    async def _replay(self, server: Server) -> bool:
+        """What a stale server missed, before it is re-admitted: the last weight update,
+        then the current LoRA adapter."""
+        if not await self.control.replay(server):
+            return False
+        return self.adapters is None or await self.adapters.replay(server)
 
     async def wait_ready(self) -> None:
         """Wait until a server answers its health route, then run :meth:`after_startup`
@@ -261,11 +305,13 @@ class RemoteBackend(PerRequestBackend):
                 self._stats["attempts"] += 1
                 epoch = self.control.epoch
                 version = self.version  # read before the segment is sent (AReaL PR #1569)
+                lease = None if self.adapters is None else self.adapters.versions.acquire(request.lora_name)
                 self.pool.bind(key, server)
                 sent = trio.current_time()
                 try:
                     await self.prepare(server)
-                    parsed = await self._attempt(server, request, budget, cost)
+                    parsed = await self._attempt(server, request, budget, cost,
+                                                 None if lease is None else lease.served_name)
                 except RemoteCallError as exc:
                     failures.append(f"attempt {attempts} on {server.url}: {exc}")
                     if exc.access_denied:  # the server refuses us, whatever the request: out of rotation
@@ -295,6 +341,9 @@ class RemoteBackend(PerRequestBackend):
                     else:
                         await trio.sleep(self.retry.backoff_s(len(failed), self._rng))
                     continue
+                finally:
+                    if lease is not None:  # the segment no longer needs its adapter version
+                        self.adapters.versions.release(lease)  # type: ignore[union-attr]
                 self.pool.record_success(server)
                 self._note_weight_version(server, parsed.weight_version, version)
                 if parsed.stop_reason == "abort" and not parsed.tokens:
@@ -357,9 +406,12 @@ class RemoteBackend(PerRequestBackend):
     async def prepare(self, server: Server) -> None:
         """Hook run before an attempt (e.g. discover the served model name)."""
 
-    async def _attempt(self, server: Server, request: ModelRequest, budget: int, cost: int) -> ParsedGeneration:
+    async def _attempt(self, server: Server, request: ModelRequest, budget: int, cost: int,
+                       adapter: str | None = None) -> ParsedGeneration:
         wire_id = f"{request.rid}@{next(self._wire_seq):08d}"
         payload = self.wire.build_payload(request, budget, wire_id)
+        if adapter is not None:
+            payload = self.wire.with_adapter(payload, adapter)
         path = self.wire.generate_path
         timeout = self.timeouts.attempt_timeout_s
         self.pool.begin(server, cost)
@@ -460,6 +512,11 @@ class RemoteBackend(PerRequestBackend):
         """:meth:`continue_generation` on every healthy server, then the client."""
         await self.continue_generation()
 
+    def serves_adapter(self, source: Any) -> bool:
+        """Whether an update from ``source`` is a LoRA adapter update: the backend serves
+        an adapter, or ``source`` is one (:func:`~engine.backends.lora.is_adapter_source`)."""
+        return self.adapters is not None or is_adapter_source(source)
+
     async def update_weights(self, source: Any, *, version: int, mode: str = "abort") -> None:
         """Load the checkpoint folder ``source`` on every server (the wire protocol's
         ``weight_update_calls``; see :mod:`engine.backends.remote._control` for servers that
@@ -468,11 +525,31 @@ class RemoteBackend(PerRequestBackend):
         ``"abort"``: after an in-place swap a server does not report at which token the
         weights changed, so tokens could not carry the right version.
 
+        A LoRA adapter (:meth:`serves_adapter`: a peft model, a peft state dict, an adapter
+        folder) is loaded instead as ``{lora_name}-v{version}`` next to the one in use, from
+        a fresh folder; the old version is unloaded once no segment of it is in flight
+        (:mod:`._lora`).  Only the adapter travels.
+
         Raises:
             InvalidRequestError: unknown mode.
             BackendError: ``mode="in_place"``; ``source`` is not a folder path; or no
-                server succeeded (the error names each server's failure).
+                server succeeded (the error names each server's failure); for an adapter,
+                also full weights sent to a backend that serves one, and the checks of
+                :meth:`RemoteAdapters.load <._lora.RemoteAdapters.load>` (LoRA off, rank,
+                base model).
         """
+        if self.serves_adapter(source):
+            checkpoint_folder(self.kind, "adapter", mode)  # the mode rules of any update
+            if not is_adapter_source(source):
+                raise BackendError(f"{self.kind} backend serves the LoRA adapter {self.adapters.name!r}: "  # type: ignore[union-attr]
+                                   "update_weights takes an adapter (a peft model, a peft state dict or an adapter "
+                                   "folder), not full weights")
+            adapters = self.adapters or self._enable_adapters()
+            if self._adapter_nursery is not None and adapters._send is None:
+                await self._adapter_nursery.start(adapters.run)
+            await adapters.load(source, version)
+            self._stats["weight_updates"] += 1
+            return
         folder = checkpoint_folder(self.kind, source, mode)
         await self.apply_weight_update(self.wire.weight_update_calls(folder, version), what=folder)
 

@@ -117,7 +117,8 @@ def decode_json(response: httpx.Response, url: str, what: str, *, allow_empty: b
 def check_success(url: str, path: str, answer: Any) -> None:
     """An answer ``{"success": false, "message": ...}`` (SGLang, vLLM) is a failure."""
     if isinstance(answer, dict) and answer.get("success") is False:
-        raise RemoteCallError(f"{url}{path}: {answer.get('message') or answer}", url=url)
+        raise RemoteCallError(f"{url}{path}: {answer.get('message') or answer.get('error_message') or answer}",
+                              url=url)
 
 
 def history(failures: list[str], keep: int = 3) -> str:

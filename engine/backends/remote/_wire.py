@@ -14,9 +14,10 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ...errors import BackendError
 from ...types import ModelRequest
 
-__all__ = ["ParsedGeneration", "WireCall", "WireProtocol"]
+__all__ = ["LoraLimits", "ParsedGeneration", "WireCall", "WireProtocol"]
 
 #: one control call: ``(method, path, json body, query params)``
 WireCall = tuple[str, str, Any, "dict[str, Any] | None"]
@@ -39,6 +40,21 @@ class ParsedGeneration:
     weight_version: str | None = None
 
 
+@dataclass(frozen=True)
+class LoraLimits:
+    """What a server says about its LoRA support (``None``: it does not say).
+
+    Attributes:
+        enabled: the server was started with LoRA on (vLLM/SGLang ``--enable-lora``).
+        max_rank: its ``--max-lora-rank``.
+        base_model: the base model it serves (a path or hub id).
+    """
+
+    enabled: bool | None = None
+    max_rank: int | None = None
+    base_model: str | None = None
+
+
 class WireProtocol(abc.ABC):
     """One kind of server's HTTP API (see the module docstring).
 
@@ -48,12 +64,18 @@ class WireProtocol(abc.ABC):
         pause_modes: the modes :meth:`pause_call` takes.
         sync_pause_modes: the engine's pause modes (``"abort"``, ``"in_place"``) -> this
             server's.
+        lora_answers_json: the LoRA load/unload routes answer JSON (SGLang) rather than
+            text (vLLM).
+
+    The ``lora_*`` methods spell LoRA adapter loading (:mod:`engine.backends.remote._lora`);
+    a protocol without it keeps the defaults, which refuse.
     """
 
     generate_path: ClassVar[str] = "/generate"
     health_path: ClassVar[str] = "/health"
     pause_modes: ClassVar[tuple[str, ...]] = ("abort",)
     sync_pause_modes: ClassVar[dict[str, str]] = {"abort": "abort", "in_place": "in_place"}
+    lora_answers_json: ClassVar[bool] = True
 
     @abc.abstractmethod
     def build_payload(self, request: ModelRequest, budget: int, wire_id: str) -> dict[str, Any]:
@@ -94,3 +116,36 @@ class WireProtocol(abc.ABC):
     @abc.abstractmethod
     def parse_model_name(self, answer: Any) -> str | None:
         """The served model's name or path in the answer of :meth:`model_info_call`."""
+
+    # -- LoRA adapters (optional) --------------------------------------------------------------
+    def lora_load_call(self, name: str, folder: str) -> tuple[str, str, Any]:
+        """``(method, path, body)`` that loads the adapter in ``folder`` as ``name``."""
+        raise BackendError(f"{type(self).__name__} cannot load LoRA adapters")
+
+    def lora_unload_call(self, name: str) -> tuple[str, str, Any]:
+        """``(method, path, body)`` that unloads the adapter ``name``."""
+        raise BackendError(f"{type(self).__name__} cannot unload LoRA adapters")
+
+    def lora_info_call(self) -> tuple[str, str, dict[str, Any] | None]:
+        """``(method, path, params)`` of the route that tells the server's LoRA limits."""
+        raise BackendError(f"{type(self).__name__} has no LoRA limits")
+
+    def parse_lora_limits(self, answer: Any) -> LoraLimits:
+        """The :class:`LoraLimits` in the answer of :meth:`lora_info_call`."""
+        return LoraLimits()
+
+    def with_adapter(self, payload: dict[str, Any], name: str) -> dict[str, Any]:
+        """``payload`` (of :meth:`build_payload`) sampling the loaded adapter ``name``."""
+        raise BackendError(f"{type(self).__name__} cannot sample a LoRA adapter")
+
+    def lora_enable_fix(self, rank: int) -> str:
+        """How to restart a server without LoRA for an adapter of ``rank``."""
+        return "restart it with LoRA enabled"
+
+    def explain_lora_error(self, message: str, name: str) -> str:
+        """A load failure's message, with the fix where the cause is known."""
+        return message
+
+    def lora_not_loaded(self, message: str) -> bool:
+        """Whether an unload failed because the server does not have the adapter (done)."""
+        return False

@@ -43,7 +43,7 @@ from .. import sglang_wire
 from ._backend import RemoteBackend
 from ._control import raise_if_any
 from ._errors import RemoteCallError
-from ._wire import ParsedGeneration, WireCall, WireProtocol
+from ._wire import LoraLimits, ParsedGeneration, WireCall, WireProtocol
 
 __all__ = ["SGLangBackend", "SGLangWire"]
 
@@ -94,6 +94,41 @@ class SGLangWire(WireProtocol):
 
     def parse_model_name(self, answer: Any) -> str | None:
         return answer.get("tokenizer_path") or answer.get("model_path")
+
+    # -- LoRA (--enable-lora; /load_lora_adapter, /unload_lora_adapter) -------------------------
+    def lora_load_call(self, name: str, folder: str) -> tuple[str, str, Any]:
+        return "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": folder}
+
+    def lora_unload_call(self, name: str) -> tuple[str, str, Any]:
+        return "POST", "/unload_lora_adapter", {"lora_name": name}
+
+    def lora_info_call(self) -> tuple[str, str, dict[str, Any] | None]:
+        return "GET", "/get_server_info", None
+
+    def parse_lora_limits(self, answer: Any) -> LoraLimits:
+        enabled = answer.get("enable_lora")
+        if enabled is None and "lora_paths" in answer:
+            enabled = bool(answer.get("lora_paths"))
+        rank = answer.get("max_lora_rank")
+        return LoraLimits(enabled=None if enabled is None else bool(enabled),
+                          max_rank=int(rank) if rank is not None else None, base_model=answer.get("model_path"))
+
+    def with_adapter(self, payload: dict[str, Any], name: str) -> dict[str, Any]:
+        return {**payload, "lora_path": name}  # SGLang's field: a loaded adapter's name
+
+    def lora_enable_fix(self, rank: int) -> str:
+        return f"restart it with --enable-lora --max-lora-rank {max(rank, 8)}"
+
+    def explain_lora_error(self, message: str, name: str) -> str:
+        if "HTTP 404" in message:
+            return f"{message} (this server has no /load_lora_adapter: an SGLang with dynamic LoRA loading is needed)"
+        if "already" in message and "load" in message:
+            return (f"{message} (that name is in use on the server: another run or another client of it? "
+                    f"pick another lora_name than {name!r}, or unload it)")
+        return message
+
+    def lora_not_loaded(self, message: str) -> bool:
+        return "not loaded" in message or "not found" in message.lower()
 
 
 class SGLangBackend(RemoteBackend):

@@ -97,7 +97,7 @@ from ._backend import RemoteBackend
 from ._control import checkpoint_folder
 from ._errors import RemoteCallError
 from ._routing import Server
-from ._wire import ParsedGeneration, WireCall, WireProtocol
+from ._wire import LoraLimits, ParsedGeneration, WireCall, WireProtocol
 
 __all__ = ["LogprobsModeError", "PROCESSED_LOGPROBS_MODE", "SeededSamplingError", "VLLMBackend",
            "VLLMServerSetupError", "VLLMWire", "WORKER_EXTENSION", "vllm_abort_id", "vllm_worker_dir"]
@@ -267,6 +267,48 @@ class VLLMWire(WireProtocol):
         first = answer["data"][0]
         return first.get("root") or first.get("id")
 
+    # -- LoRA (runtime loading: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, --enable-lora) ----------
+    lora_answers_json = False  # "Success: LoRA adapter 'x' added successfully."
+
+    def lora_load_call(self, name: str, folder: str) -> tuple[str, str, Any]:
+        return "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": folder}
+
+    def lora_unload_call(self, name: str) -> tuple[str, str, Any]:
+        return "POST", "/v1/unload_lora_adapter", {"lora_name": name}
+
+    def lora_info_call(self) -> tuple[str, str, dict[str, Any] | None]:
+        return "GET", "/server_info", {"config_format": "json"}
+
+    def parse_lora_limits(self, answer: Any) -> LoraLimits:
+        config = answer["vllm_config"]
+        model = (config.get("model_config") or {}).get("model")
+        if "lora_config" not in config:
+            return LoraLimits(base_model=model)
+        lora = config["lora_config"]
+        if not isinstance(lora, dict):
+            return LoraLimits(enabled=False, base_model=model)
+        rank = lora.get("max_lora_rank")
+        return LoraLimits(enabled=True, max_rank=int(rank) if rank is not None else None, base_model=model)
+
+    def with_adapter(self, payload: dict[str, Any], name: str) -> dict[str, Any]:
+        return {**payload, "model": name}  # a loaded adapter is a model name of its own
+
+    def lora_enable_fix(self, rank: int) -> str:
+        return (f"restart it with --enable-lora --max-lora-rank {max(rank, 8)} --max-loras 2 and the environment "
+                "variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+
+    def explain_lora_error(self, message: str, name: str) -> str:
+        if "HTTP 404" in message and "load_lora_adapter" in message and "Not Found" in message:
+            return (f"{message} (vLLM serves /v1/load_lora_adapter only when started with "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and --enable-lora)")
+        if "already been loaded" in message:
+            return (f"{message} (that name is in use on the server: another run or another client of it? "
+                    f"pick another lora_name than {name!r}, or unload it)")
+        return message
+
+    def lora_not_loaded(self, message: str) -> bool:
+        return "HTTP 404" in message and "cannot be found" in message
+
 
 class VLLMBackend(RemoteBackend):
     """Several vLLM servers behind one backend.
@@ -367,6 +409,9 @@ class VLLMBackend(RemoteBackend):
                 :data:`WORKER_EXTENSION` (vLLM 0.32 would keep its tied LM head's old
                 weights), before any server loads anything.
         """
+        if self.serves_adapter(source):
+            await super().update_weights(source, version=version, mode=mode)
+            return
         folder = checkpoint_folder(self.kind, source, mode)
         with _dev_mode_hint():
             extension = await self._reload_with_extension()

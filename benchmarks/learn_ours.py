@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: import the project's packages from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.learn import REWARD, build_parser, evaluate, problems, write_outputs  # noqa: E402
+from benchmarks.learn import REWARD, build_parser, evaluate, plot_comparison, problems, write_outputs  # noqa: E402
 
 
 def _grpo_loss() -> Any:
@@ -60,6 +60,9 @@ def _grpo_loss() -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(__doc__.split("\n\n")[0], results="learn_ours").parse_args(argv)
+    if args.compare:  # train nothing: the shared parser's plot of several runs (it trained before)
+        plot_comparison(args.compare, args.png)
+        return 0
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -113,7 +113,7 @@ async def test_keys_are_never_written_to_the_logs(sdk, caplog):
     tok = build_tiny_tokenizer()
     caplog.set_level(logging.DEBUG)
     async with open_rollout_engine(ScriptedBackend(tok), reward_pool=InProcessRewardPool()) as engine:
-        config = ProxyConfig(session_idle_timeout_s=0.2, admin_api_key="sk-admin-secret")
+        config = ProxyConfig(session_idle_timeout_s=2.0, admin_api_key="sk-admin-secret")
         async with open_openai_proxy(engine, tok, config) as proxy, httpx.AsyncClient(base_url=proxy.url) as http:
             r = await http.post("/rl/start_session", headers={"Authorization": "Bearer sk-admin-secret"})
             s = r.json()

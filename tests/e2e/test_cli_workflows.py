@@ -48,7 +48,7 @@ def test_a_reward_from_a_file_and_a_workflow_import_string(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--workflow", "nope"], "--workflow 'nope': unknown workflow; built-ins are rlvr, multi_turn, math_agent, vision_rlvr"),
+        (["--workflow", "nope"], "--workflow 'nope': unknown workflow; built-ins are rlvr, multi_turn, math_agent, agents_sdk_math, langgraph_math, vision_rlvr"),
         (["--workflow", "no_such.module:Flow"], "--workflow 'no_such.module:Flow': cannot import module"),
         (["--workflow-kwargs", "{bad"], "argument --workflow-kwargs: not valid JSON"),
         (["--workflow-kwargs", "[1, 2]"], "argument --workflow-kwargs: expected a JSON object"),
@@ -68,9 +68,9 @@ def test_bad_workflow_options_are_one_line_errors(tmp_path, capsys, args, needle
 def test_help_lists_the_built_in_workflows_and_their_row_needs(capsys):
     code, out, _ = _run(["run", "--help"], capsys)
     assert code == 0
-    for name in ("rlvr", "multi_turn", "math_agent", "vision_rlvr"):
+    for name in ("rlvr", "multi_turn", "math_agent", "agents_sdk_math", "langgraph_math", "vision_rlvr"):
         assert f"\n  {name} " in out
-    assert out.count("row needs:") == 4 and "'images'" in out and "--workflow-kwargs" in out
+    assert out.count("row needs:") == 6 and "'images'" in out and "--workflow-kwargs" in out
 
 
 @pytest.mark.smollm2

@@ -39,12 +39,21 @@ class BlockingEngine:
     """Blocking ``submit`` / ``wait_for_task`` / ``update_weights`` / ``version`` /
     ``statistics`` over a facade or a trio-native engine (see the module docstring).
 
-    Raises (from each call, trio-native engine only): :class:`RuntimeError` naming the fix
+    Raises :class:`TypeError` naming the missing methods when ``engine`` is not an engine;
+    (from each call, trio-native engine only): :class:`RuntimeError` naming the fix
     when called from the engine's own trio thread (it would block the loop) or from a
     thread that trio did not start while no trio token was captured.
     """
 
+    #: what an engine needs for the adapter (both the facade and the trio-native engine have them)
+    NEEDS = ("update_weights", "statistics")
+
     def __init__(self, engine: Any) -> None:
+        missing = [name for name in self.NEEDS if not callable(getattr(engine, name, None))]
+        if missing:
+            raise TypeError(f"TRLRollout(engine=...): a {type(engine).__name__} is not a rollout engine (no "
+                            f"{', '.join(missing)}): pass an engine.RolloutEngineThread (started) or the engine of "
+                            "open_rollout_engine")
         self.engine = engine
         self.native = inspect.iscoroutinefunction(getattr(engine, "wait_for_task", None))
         self._token: trio.lowlevel.TrioToken | None = None

@@ -83,3 +83,9 @@ def test_a_refused_load_is_one_error_naming_the_step_the_folder_and_the_fix(tmp_
     assert isinstance(info.value.__cause__, BackendError)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0"]  # the folder loaded last is kept
     assert folders == [tmp_path / "step-0"] and engine.version == 0
+
+
+def test_an_object_that_is_not_an_engine_is_refused_when_the_adapter_is_built():
+    # a new-user trial: TRLRollout(object(), workflow) was accepted and failed only at TRL's first call
+    with pytest.raises(TypeError, match=r"a object is not a rollout engine \(no update_weights, statistics\).*RolloutEngineThread"):
+        BlockingEngine(object())

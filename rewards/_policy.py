@@ -87,6 +87,14 @@ def attempt_failed(
         return DIED, exc
     if isinstance(exc, (RewardError, trio.ClosedResourceError)):
         return None  # deterministic: invalid value, unpicklable job, closed pool
+    if isinstance(exc, RuntimeError) and "bootstrapping phase" in str(exc):
+        # multiprocessing's spawn guard: the worker re-ran the top level of an unguarded script,
+        # which started an engine of its own; it fails the same way on every attempt
+        raise RewardError(
+            f"reward function {name}: the reward worker re-ran your script's top level and started another "
+            "engine there (spawned workers import __main__): put the code that builds the engine and trains "
+            "under `if __name__ == \"__main__\":` (not retried)"
+        ) from exc
     if isinstance(exc, DETERMINISTIC_ERRORS):  # raised by the user's function, the same on every attempt
         raise RewardError(
             f"reward function {name} raised {type(exc).__name__}: {exc} (attempt {number}/{attempts}; "

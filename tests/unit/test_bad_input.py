@@ -141,6 +141,22 @@ async def test_deterministic_reward_errors_fail_at_once_in_a_worker(tmp_path):
     assert len(log.read_text().split()) == 1  # the KeyError reward ran once; the TypeError one never started
 
 
+async def test_a_worker_that_re_ran_an_unguarded_script_fails_at_once_naming_the_guard():
+    # a new-user trial: TRL's README program without `if __name__ == "__main__":` made every reward
+    # worker start an engine of its own; the spawn guard's RuntimeError was retried as a flaky reward
+    calls = []
+
+    async def unguarded(prompt, completions, prompt_ids, completion_ids, **data):
+        calls.append(1)
+        raise RuntimeError("An attempt has been made to start a new process before the current process has "
+                           "finished its bootstrapping phase.")
+
+    async with open_reward_pool(max_workers=1, timeout_seconds=30.0, max_retries=3) as pool:
+        with pytest.raises(RewardError, match=r're-ran your script.*if __name__ == "__main__":.*not retried'):
+            await pool.score(unguarded, *ARGS)
+    assert calls == [1]
+
+
 async def test_transient_reward_errors_are_still_retried():
     calls = []
 

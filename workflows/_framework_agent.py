@@ -30,6 +30,7 @@ from engine.imports import resolve_reward_fn
 from engine.types import GenerationHyperparameters
 from engine.workflow import EpisodeEngine, RolloutWorkflow
 
+from .base import sample_gconfig
 from ._samples import check_max_turns, check_turn_discount, gather_samples
 from ._text import decode
 from .math_agent import DEFAULT_SYSTEM_PROMPT, CalculatorError, calculate
@@ -117,15 +118,15 @@ class FrameworkMathAgent(RolloutWorkflow):
 
     async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any] | None:
         question = self._question(data)
-        results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data, question))
+        results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data, question, i))
         merged = {k: v for r in results for k, v in r.items()}
         return merged or None
 
-    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any], question: str) -> dict[str, Any]:
+    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any], question: str, sample: int) -> dict[str, Any]:
         from engine.aio import run_asyncio
         from engine.openai import open_agent_session
 
-        async with open_agent_session(engine, self.tokenizer, gconfig=self.gconfig.new(n_samples=1),
+        async with open_agent_session(engine, self.tokenizer, gconfig=sample_gconfig(self.gconfig.new(n_samples=1), sample),
                                       tool_parser=self.tool_parser,
                                       chat_template_kwargs=self.chat_template_kwargs) as session:
             await run_asyncio(engine, self.run_agent, session.base_url, session.api_key, question)

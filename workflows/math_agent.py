@@ -39,6 +39,7 @@ from engine.imports import resolve_reward_fn
 from engine.types import GenerationHyperparameters
 from engine.workflow import EpisodeEngine, RolloutWorkflow
 
+from .base import sample_gconfig
 from ._samples import check_max_turns, check_turn_discount, gather_samples
 from ._text import decode
 
@@ -222,14 +223,14 @@ class MathAgentWorkflow(RolloutWorkflow):
         return [*system, {"role": "user", "content": question}]
 
     async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any] | None:
-        results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data))
+        results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data, i))
         merged = {k: v for r in results for k, v in r.items()}
         return merged or None
 
-    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any]:
+    async def _sample(self, engine: EpisodeEngine, data: dict[str, Any], sample: int) -> dict[str, Any]:
         from engine.openai.client import EngineOpenAI
 
-        client = EngineOpenAI(engine, self.tokenizer, gconfig=self.gconfig.new(n_samples=1),
+        client = EngineOpenAI(engine, self.tokenizer, gconfig=sample_gconfig(self.gconfig.new(n_samples=1), sample),
                               tool_parser=self.tool_parser, chat_template_kwargs=self.chat_template_kwargs)
         messages: list[Any] = self._opening(data)
         final = ""

@@ -32,6 +32,24 @@ def test_rollout_run_with_an_agent_framework_workflow(tmp_path, capsys, monkeypa
     assert summary["generated_tokens"] == int(batch["loss_mask"].sum())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("workflow", ["math_agent", "agents_sdk_math"])
+def test_the_samples_of_a_seeded_agent_episode_differ(tmp_path, capsys, workflow):
+    # a new-user trial: every sample of an agent episode reused the run seed, so a group's
+    # samples were byte-identical (zero GRPO advantage); each sample now derives its own
+    import json
+
+    out = tmp_path / "out"
+    code, _, err = _run(["run", "--backend", "sim", "--workflow", workflow, "--limit", "3", "--n-samples", "2",
+                         "--seed", "0", "--max-new-tokens", "16", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    by_task: dict[int, set[str]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], set()).add(row["completion"])
+    assert len(by_task) == 3 and all(len(c) == 2 for c in by_task.values()), by_task
+
+
 def test_a_missing_framework_is_one_clear_error(monkeypatch):
     from workflows.agents_sdk_math import AgentsSDKMathWorkflow
     from workflows.langgraph_math import LangGraphMathWorkflow

@@ -30,6 +30,8 @@ stays readable, so rewards are set and interactions exported after the block.
 
 from __future__ import annotations
 
+import trio
+
 import functools
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -123,11 +125,18 @@ async def open_agent_session(engine: Any, tokenizer: Any, *, gconfig: Generation
         trio.ClosedResourceError: the engine or the proxy is closed.
         OSError: the shared proxy cannot bind its port.
     """
-    if proxy is None:
-        proxy = await shared_proxy(engine)
     client = EngineOpenAI(engine, tokenizer, gconfig=gconfig, tool_parser=tool_parser,
                           chat_template_kwargs=chat_template_kwargs, model=model)
-    session = proxy.attach_session(client)
+    try:
+        if proxy is None:
+            proxy = await shared_proxy(engine)
+        session = proxy.attach_session(client)
+    except trio.ClosedResourceError:
+        # the engine is closing (Ctrl-C, close()): its shared proxy may be gone before this
+        # episode's cancellation reaches it; a checkpoint lets that cancellation win, so the
+        # episode ends "cancelled" (re-run by --resume), not failed with a workflow error
+        await trio.lowlevel.checkpoint()
+        raise
     try:
         yield AgentSession(base_url=proxy.base_url, api_key=session.api_key, session_id=session.session_id,
                            client=client)

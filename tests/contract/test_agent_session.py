@@ -139,3 +139,22 @@ async def test_a_trainer_drives_proxy_sessions_from_an_asyncio_loop_of_its_own()
                         nursery.start_soon(session, i)
                 trajs = await proxy.wait_episodes(n)
     assert [t["rewards"].tolist() for t in trajs] == [[1.0]] * n
+
+
+async def test_a_session_opened_while_the_engine_closes_ends_its_episode_cancelled_not_failed():
+    # a new-user trial: Ctrl-C closed the shared proxy before the episodes' cancellation reached
+    # them; an episode that opened its session then failed with workflow_error (ClosedResourceError)
+    # and --resume never ran it again.  A cancelled episode must see its cancellation.
+    tok = build_tiny_tokenizer()
+    with trio.fail_after(BOUND_S):
+        async with open_rollout_engine(ScriptedBackend(tok, ["#### 5"]), reward_pool=InProcessRewardPool()) as engine:
+            async with open_openai_proxy(engine, tok) as proxy:
+                pass  # closed
+            with trio.CancelScope() as closing:
+                closing.cancel()  # what the engine's close does to its episodes
+                async with open_agent_session(engine, tok, proxy=proxy):
+                    pytest.fail("a session on a closed proxy")
+            assert closing.cancelled_caught  # the cancellation won: the episode ends cancelled
+            with pytest.raises(trio.ClosedResourceError):  # outside a close: the error, as before
+                async with open_agent_session(engine, tok, proxy=proxy):
+                    pass

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -137,6 +138,7 @@ class AReaLInferenceEngine(InferenceEngine):
         self._engine_config: Any = None
         self._holds: set[str] = set()  # "submission" (pause), "generation" (pause_generation)
         self._hold_lock = threading.Lock()
+        self._submitted = threading.Condition()  # notified on each submit (wait for more than is pending)
         self._workflows: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # spec key -> (kwargs, episode workflow)
         self._followers: list[AReaLInferenceEngine] = []
         self._updates: ThreadPoolExecutor | None = None
@@ -331,24 +333,46 @@ class AReaLInferenceEngine(InferenceEngine):
                                       "this adapter runs in SPMD mode (wait/wait_for_task instead)")
         engine = self._running()
         episode = self._episode_workflow(workflow, workflow_kwargs, is_eval)
-        return int(engine.submit(data, episode, None, self._filter(should_accept_fn), group_size, task_id))
+        task = int(engine.submit(data, episode, None, self._filter(should_accept_fn), group_size, task_id))
+        with self._submitted:
+            self._submitted.notify_all()
+        return task
 
     def wait(self, count: int, timeout: float | None = None, raise_timeout: bool = True) -> list[dict[str, Any] | None]:
         """``count`` ended episodes, oldest first: AReaL's dict for an accepted one, ``None``
         for a rejected or failed one (the reason is in the engine's statistics).
 
+        More than are pending now: with a ``timeout``, episodes submitted meanwhile count
+        (AReaL's semantics: it raises ``TimeoutError`` when not enough ended in time); without
+        one, ``ValueError`` at once (AReaL would wait its default of 7 days).
+
         Raises:
-            ValueError: ``count <= 0`` or more than could ever end.
+            ValueError: ``count <= 0``; more than could end and no ``timeout``.
             TimeoutError: ``timeout`` passed (nothing consumed); with ``raise_timeout=False`` ``[]``.
         """
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
-        try:
-            records = self._running().wait_results(count, timeout)
-        except TimeoutError:
-            if raise_timeout:
-                raise
-            return []
+        engine = self._running()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                records = engine.wait_results(count, remaining)
+                break
+            except TimeoutError:
+                if raise_timeout:
+                    raise
+                return []
+            except ValueError:
+                if remaining is None:  # more than could ever end, and nothing bounds the wait
+                    raise
+                if remaining <= 0:
+                    if raise_timeout:
+                        raise TimeoutError(f"fewer than {count} episodes ended within {timeout} s (fewer were "
+                                           "submitted)") from None
+                    return []
+                with self._submitted:  # until another thread submits (then ask again), or the deadline
+                    self._submitted.wait(remaining)
         return [self._groups(r.trajectory)[0] if _accepted(r) else None for r in records]
 
     def wait_for_task(self, task_id: int, timeout: float | None = None,

@@ -16,6 +16,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pytest
 import torch
 
 from engine import MockBackend
@@ -152,3 +153,38 @@ def assert_areal_shaped(group: dict[str, Any], rows: int) -> None:
         assert tuple(group[key].shape) == (rows, T), (key, tuple(group[key].shape))
     assert tuple(group["rewards"].shape) == (rows,)
     assert group["attention_mask"].dtype == torch.bool
+
+
+def max_logp_error(actor: Any, groups: list[dict[str, Any]]) -> float:
+    """max |engine logprob - AReaL's recomputation| over the generated tokens of ``groups``.
+
+    The recomputation is the actor's own (``FSDPPPOActor.compute_logp``: position t scores
+    token t + 1; compared as ``PPOActor`` aligns the behaviour logprobs, ``torch.roll(-1)``).
+    It runs one row at a time: AReaL's FSDP engine packs a batch into one sequence, and with
+    ``attn_impl="sdpa"`` on CPU (no flash-attention varlen kernel) the packed rows would
+    attend to each other.
+    """
+    worst = 0.0
+    for g in groups:
+        for r in range(g["input_ids"].shape[0]):
+            row = {k: v[r:r + 1] for k, v in g.items()}
+            (logp,) = actor.compute_logp([row])
+            target = torch.roll(row["logprobs"], shifts=-1, dims=-1)
+            mask = torch.roll(row["loss_mask"], shifts=-1, dims=-1).bool()
+            worst = max(worst, float((logp - target).abs()[mask].max()))
+    return worst
+
+
+#: warnings AReaL 1.0.4 and its stack raise on this box, none of them ours (the suite errors on
+#: every warning): each module of the tier sets ``pytestmark = AREAL_WARNINGS``
+AREAL_WARNINGS = [
+    # torchdata 0.11's StatefulDataLoader calls a torch API deprecated in torch 2.13
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    # FSDP2 on CPU (AReaL's FSDPEngine): torch's own deprecation notices, raised inside torch
+    pytest.mark.filterwarnings("ignore:Slicing a flattened dim from root mesh:UserWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    # swanlab 0.6.12 (imported by AReaL's stats logger) on Python 3.11
+    pytest.mark.filterwarnings("ignore:In 3.13 classes created inside an enum:DeprecationWarning"),
+    # AReaL's fsdp_utils without NVIDIA's optional kernels
+    pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed:UserWarning"),
+]

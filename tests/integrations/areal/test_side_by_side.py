@@ -18,7 +18,7 @@ pytest.importorskip("areal", reason="needs the areal venv: make test-integration
 import torch  # noqa: E402
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig  # noqa: E402
 from areal.workflow import MultiTurnWorkflow, RLVRWorkflow  # noqa: E402
-from areal_doubles import (SeededInference, areal_executor, canonical, describe, grouped, prompts,  # noqa: E402
+from areal_doubles import (AREAL_WARNINGS, SeededInference, areal_executor, canonical, describe, grouped, prompts,  # noqa: E402
                            seeded_areal_engine, seeded_backend)
 from areal_rewards import parity_reward  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
@@ -28,8 +28,7 @@ from engine.testing import build_tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 
-pytestmark = pytest.mark.filterwarnings(  # torchdata 0.11's StatefulDataLoader calls a torch API deprecated in 2.13
-    "ignore:'set_vital' is deprecated:UserWarning")
+pytestmark = AREAL_WARNINGS
 
 
 @pytest.fixture(scope="module")

@@ -402,7 +402,8 @@ class RolloutEngine:
         generation overlaps the trainer's step whenever the staleness bound
         (``max_head_offpolicyness`` = eta) allows.  Accepted results waiting plus
         episodes in flight stay at most ``(eta + 2) * B`` (with ``eta=None``:
-        ``max(B, C) + B``).  Refills use the episode spec of the latest call.
+        ``max(B, C) + B``), and never more than the result buffer's capacity plus
+        ``B``.  Refills use the episode spec of the latest call.
 
         The data position is a :class:`~engine.datastream.DataStream`
         (``engine.data_stream``): the engine streams from one dataloader, holding a

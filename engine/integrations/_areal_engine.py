@@ -177,7 +177,7 @@ class AReaLInferenceEngine(InferenceEngine):
 
             dp = dist.get_world_size() if dist.is_initialized() else 1
         c = self.config
-        base = self.options.engine_config or EngineConfig(staleness_policy="flag")
+        base = self.options.engine_config or EngineConfig(staleness_policy="flag", drop_incomplete_group=True)
         concurrent = c.max_concurrent_rollouts or c.consumer_batch_size
         return dataclasses.replace(base, max_concurrent_rollouts=max(1, concurrent // dp),
                                    consumer_batch_size=max(1, c.consumer_batch_size // dp),

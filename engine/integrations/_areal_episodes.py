@@ -188,6 +188,7 @@ class AgentEpisode(RolloutWorkflow):
         self.agent, self.loop, self.tokenizer, self.gconfig = agent, loop, tokenizer, gconfig
         self.turn_discount, self.export_style, self.tool_parser = turn_discount, export_style, tool_parser
         self.is_eval, self.cancel_grace_s = is_eval, cancel_grace_s
+        self.reward_fn = _reward_fns(agent)  # read by the engine's reward check (rollout/prepare_batch)
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
         from ..openai import EngineOpenAI

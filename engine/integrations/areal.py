@@ -80,9 +80,12 @@ class AReaLEngineOptions:
             timeouts, failure breaker, ...); ``max_concurrent_rollouts``,
             ``consumer_batch_size`` and ``max_head_offpolicyness`` are taken from AReaL's
             config (divided by the data-parallel size, as AReaL's executor does).  Default:
-            ``EngineConfig(staleness_policy="flag")`` (AReaL keeps finished trajectories
-            that turned stale; ``"drop"`` rejects them).  ``reward_normalization`` must stay
-            off: AReaL's actor normalizes rewards itself.
+            ``EngineConfig(staleness_policy="flag", drop_incomplete_group=True)``: AReaL keeps
+            finished trajectories that turned stale (``"drop"`` rejects them); a group with a
+            rejected or failed member is dropped whole (AReaL drops it when a member raises,
+            but keeps a partial group when members return ``None``, which shifts its actor's
+            group-wise reward normalization).  ``reward_normalization`` must stay off: AReaL's
+            actor normalizes rewards itself.
         tokenizer: the policy's tokenizer, for agent workflows (their chat completions);
             default: loaded from ``InferenceEngineConfig.tokenizer_path``.
         agent_gconfig: base sampling parameters of an agent's completions (ours; the

@@ -155,22 +155,22 @@ def assert_areal_shaped(group: dict[str, Any], rows: int) -> None:
     assert group["attention_mask"].dtype == torch.bool
 
 
-def max_logp_error(actor: Any, groups: list[dict[str, Any]]) -> float:
+def max_logp_error(actor: Any, groups: list[dict[str, Any]], *, row_by_row: bool = True) -> float:
     """max |engine logprob - AReaL's recomputation| over the generated tokens of ``groups``.
 
     The recomputation is the actor's own (``FSDPPPOActor.compute_logp``: position t scores
     token t + 1; compared as ``PPOActor`` aligns the behaviour logprobs, ``torch.roll(-1)``).
-    It runs one row at a time: AReaL's FSDP engine packs a batch into one sequence, and with
-    ``attn_impl="sdpa"`` on CPU (no flash-attention varlen kernel) the packed rows would
-    attend to each other.
+    AReaL's FSDP engine packs a micro-batch into one sequence, and with ``attn_impl="sdpa"`` on
+    CPU (no flash-attention varlen kernel) packed rows attend to each other: so either one row
+    at a time, or (``row_by_row=False``) with an ``mb_spec`` that puts one row per micro-batch.
     """
+    pieces = ([[{k: v[r:r + 1] for k, v in g.items()}] for g in groups for r in range(g["input_ids"].shape[0])]
+              if row_by_row else [groups])
     worst = 0.0
-    for g in groups:
-        for r in range(g["input_ids"].shape[0]):
-            row = {k: v[r:r + 1] for k, v in g.items()}
-            (logp,) = actor.compute_logp([row])
-            target = torch.roll(row["logprobs"], shifts=-1, dims=-1)
-            mask = torch.roll(row["loss_mask"], shifts=-1, dims=-1).bool()
+    for piece in pieces:
+        for g, logp in zip(piece, actor.compute_logp(piece)):
+            target = torch.roll(g["logprobs"], shifts=-1, dims=-1)
+            mask = torch.roll(g["loss_mask"], shifts=-1, dims=-1).bool()
             worst = max(worst, float((logp - target).abs()[mask].max()))
     return worst
 
@@ -185,6 +185,8 @@ AREAL_WARNINGS = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
     # swanlab 0.6.12 (imported by AReaL's stats logger) on Python 3.11
     pytest.mark.filterwarnings("ignore:In 3.13 classes created inside an enum:DeprecationWarning"),
+    # torch.compile (AReaL compiles its logprob gather) tracing a tensor that requires grad
+    pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning"),
     # AReaL's fsdp_utils without NVIDIA's optional kernels
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed:UserWarning"),
 ]

@@ -24,3 +24,9 @@ def failing_reward(prompt, completions, prompt_ids, completion_ids, **data):
     if data.get("fail"):
         raise RuntimeError(f"reward raised for {data['fail']!r}")
     return 1.0
+
+
+def token_sum_reward(prompt, completions, prompt_ids, completion_ids, **data):
+    """The completion's token ids summed, mod 7: varies within a group whatever the lengths
+    (GRPO's advantages are not all 0, so a training step changes the weights)."""
+    return float(sum(completion_ids) % 7)

@@ -36,7 +36,7 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import trio
@@ -219,7 +219,7 @@ async def _serve(message: tuple[Any, ...], scopes: dict[int, trio.CancelScope]) 
         _cancel_future(loop, future)
 
 
-async def run_bridged(loop: AsyncioLoop, coro_fn: Callable[..., Awaitable[Any]], *args: Any,
+async def run_bridged(loop: AsyncioLoop, coro_fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any,
                       cancel_grace_s: float = 10.0) -> Any:
     """Run ``coro_fn(*args)`` as an asyncio task on ``loop`` and await it from this trio task,
     serving its :meth:`Bridge.call`\\ s here (see the module docstring).
@@ -244,7 +244,7 @@ async def run_bridged(loop: AsyncioLoop, coro_fn: Callable[..., Awaitable[Any]],
         context = contextvars.copy_context()
         context.run(_CURRENT.set, bridge)
         try:
-            task = aloop.create_task(coro_fn(*args), context=context)
+            task: asyncio.Task[Any] = aloop.create_task(coro_fn(*args), context=context)
         except BaseException as exc:  # coro_fn itself raised: report it as the task's outcome
             failed: asyncio.Future[Any] = aloop.create_future()
             failed.set_exception(exc)

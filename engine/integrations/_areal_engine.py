@@ -49,7 +49,7 @@ from ..sync import RolloutEngineThread
 from ._areal_bridge import AsyncioLoop, current_bridge
 from ._areal_convert import from_engine_response, to_areal_groups, to_engine_request
 from ._areal_episodes import EPISODE_ENGINE, AReaLEpisode, AgentEpisode, swap_reward_wrappers
-from .areal import AReaLEngineOptions
+from ._areal_options import AReaLEngineOptions
 
 __all__ = ["AReaLInferenceEngine"]
 
@@ -87,6 +87,8 @@ class _StalenessView:
         return int(self._adapter._engine.statistics().capacity)
 
     def get_stats(self) -> RolloutStat:
+        """Lifetime counts (``accepted`` is not reset by a recovery, unlike AReaL's counter;
+        ``rejected`` includes failed episodes, which AReaL counts as rejected)."""
         s = self._adapter._engine.statistics()
         return RolloutStat(accepted=s.accepted, enqueued=s.queued, rejected=s.rejected + s.failed, running=s.running)
 
@@ -148,9 +150,14 @@ class AReaLInferenceEngine(InferenceEngine):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, engine_id: str | None = None, addr: str | list[str] | None = None,
-                   train_data_parallel_size: int | None = None, **_: Any) -> None:
-        """Start the engine and the workflows' asyncio loop (``addr`` is unused: the backend
-        was given to the constructor)."""
+                   train_data_parallel_size: int | None = None) -> None:
+        """Start the engine and the workflows' asyncio loop (``engine_id`` and ``addr``, AReaL's
+        server discovery, are unused: the backend was given to the constructor).
+
+        Raises:
+            RuntimeError: called twice, or the engine did not start (cause attached).
+            InvalidRequestError: no backend was given.
+        """
         if self._engine is not None:
             raise RuntimeError("AReaLInferenceEngine.initialize() called twice")
         spec = self._backend_spec

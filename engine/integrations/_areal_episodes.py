@@ -76,9 +76,10 @@ class EngineReward:
 
     async def _score(self, engine: Any, args: tuple, data: dict[str, Any]) -> float:  # trio, in the episode's task
         pool = getattr(engine, "reward_pool", None)
-        if hasattr(pool, "score_call"):  # the engine's pool: the wrapper's policy, any signature
-            outcome = await pool.score_call(self.reward_fn, args, data, timeout_seconds=self.timeout_seconds,
-                                            max_retries=self.max_retries)
+        score_call = getattr(pool, "score_call", None)
+        if score_call is not None:  # the engine's pool: the wrapper's policy, any signature
+            outcome = await score_call(self.reward_fn, args, data, timeout_seconds=self.timeout_seconds,
+                                       max_retries=self.max_retries)
             return float(outcome.reward)
         if pool is not None and len(args) == 4:  # a duck-typed pool (engine.testing.InProcessRewardPool)
             return float((await pool.score(self.reward_fn, *args, **data)).reward)

@@ -33,7 +33,7 @@ from areal.trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 
 from ._areal_engine import AReaLInferenceEngine
-from .areal import AReaLEngineOptions
+from ._areal_options import AReaLEngineOptions
 
 __all__ = ["AReaLPPOTrainer"]
 

@@ -28,7 +28,7 @@ async def test_calls_run_in_the_episode_task_context_and_results_come_back(aloop
     seen = []
 
     async def trio_side(x):
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         seen.append((EPISODE.get(), trio.lowlevel.current_task().parent_nursery is not None))
         return x * 2
 
@@ -45,7 +45,7 @@ async def test_calls_run_in_the_episode_task_context_and_results_come_back(aloop
 
 async def test_no_thread_per_call(aloop):
     async def trio_side(i):
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         return i
 
     async def workflow():

@@ -14,11 +14,6 @@ def parity_reward(prompt, completions, prompt_ids, completion_ids, **data):
     return float(completion_ids[0] % 3 == 0)
 
 
-def length_reward(prompt, completions, prompt_ids, completion_ids, **data):
-    """The completion's length / 8: varies within a group (GRPO advantages are not all 0)."""
-    return len(completion_ids) / 8.0
-
-
 def failing_reward(prompt, completions, prompt_ids, completion_ids, **data):
     """Raises (on every attempt) for an item whose ``fail`` is set, else 1.0."""
     if data.get("fail"):

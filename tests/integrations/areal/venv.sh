@@ -22,10 +22,13 @@ TORCH_VERSION=2.13.0
 TORCH_PIP_ARGS="${TORCH_PIP_ARGS:---no-index}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 
-# What AReaL 1.0.4's import chain needs (areal/__init__ pulls in areal.infra: ray, openai, numba, ...)
+# What AReaL 1.0.4's import chain needs (areal/__init__ pulls in areal.infra: ray, openai, numba, ...),
+# its OpenAI-agents workflows (openai-agents) and its trainer (areal.trainer: peft for the FSDP
+# engine; wandb, swanlab, trackio, tensorboardX imported by its stats logger, all left disabled)
 AREAL_PKGS=(aiohttp httpx requests colorlog tenacity flask torchdata numpy lark uvloop pyyaml hydra-core
             omegaconf transformers tokenizers ray numba pillow orjson einops aiofiles openai pydantic
-            datasets math-verify psutil pybase64 msgspec regex tabulate fastapi uvicorn pyzmq)
+            datasets math-verify psutil pybase64 msgspec regex tabulate fastapi uvicorn pyzmq zstandard
+            openai-agents peft wandb swanlab trackio tensorboardX)
 # Ours (pyproject dependencies) that AReaL's pins allow, and the test runner.
 OUR_PKGS=(trio trio-parallel tensordict cloudpickle rich accelerate gguf safetensors
           pytest pytest-trio hypothesis)
@@ -38,7 +41,8 @@ import torch
 assert torch.__version__.startswith("2.13.0") and torch.version.cuda is None, torch.__version__
 import areal.infra.workflow_executor, areal.infra.remote_inf_engine  # noqa: E401
 import areal.workflow.rlvr, areal.workflow.multi_turn, areal.api.reward_api, areal.api.cli_args  # noqa: E401
-import areal.experimental.openai  # noqa: F401  (MathAgent's client)
+import areal.experimental.openai, areal.workflow.openai.math_agent  # noqa: E401  (the agents)
+import areal.trainer.rl_trainer, areal.engine.fsdp_engine  # noqa: E401  (PPOTrainer, its FSDP actor)
 import torchdata.stateful_dataloader  # noqa: F401
 import engine.integrations.areal  # noqa: F401  (this project, editable)
 PYEOF
@@ -82,7 +86,16 @@ pyyaml==6.0.4
 ray==2.60.0
 numba==0.68.1
 llvmlite==0.50.0
-pillow==13.0.0
+pillow==12.3.0
+rich==13.9.4
+openai-agents==0.24.0
+peft==0.18.1
+wandb==0.31.0
+swanlab==0.6.12
+trackio==0.43.0
+tensorboardX==2.6.5
+zstandard==0.25.0
+datasets==5.2.0
 orjson==3.13.0
 einops==0.8.2
 aiofiles==25.1.0

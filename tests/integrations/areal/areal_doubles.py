@@ -155,6 +155,12 @@ def assert_areal_shaped(group: dict[str, Any], rows: int) -> None:
     assert group["attention_mask"].dtype == torch.bool
 
 
+def _row(group: dict[str, Any], r: int) -> dict[str, Any]:
+    """Row ``r`` of ``group`` without its padding (as one trajectory dict)."""
+    n = int(group["attention_mask"][r].sum())
+    return {k: (v[r:r + 1, :n] if v.dim() >= 2 else v[r:r + 1]) for k, v in group.items()}
+
+
 def max_logp_error(actor: Any, groups: list[dict[str, Any]], *, row_by_row: bool = True) -> float:
     """max |engine logprob - AReaL's recomputation| over the generated tokens of ``groups``.
 
@@ -164,8 +170,7 @@ def max_logp_error(actor: Any, groups: list[dict[str, Any]], *, row_by_row: bool
     CPU (no flash-attention varlen kernel) packed rows attend to each other: so either one row
     at a time, or (``row_by_row=False``) with an ``mb_spec`` that puts one row per micro-batch.
     """
-    pieces = ([[{k: v[r:r + 1] for k, v in g.items()}] for g in groups for r in range(g["input_ids"].shape[0])]
-              if row_by_row else [groups])
+    pieces = ([[_row(g, r)] for g in groups for r in range(g["input_ids"].shape[0])] if row_by_row else [groups])
     worst = 0.0
     for piece in pieces:
         for g, logp in zip(piece, actor.compute_logp(piece)):

@@ -45,6 +45,8 @@ from typing import Any, cast
 import trio
 from tensordict import TensorDict
 
+from rewards._context import set_pool_in_context
+
 from ._admission import Admission
 from ._batches import BatchPipeline
 from ._breaker import FailureBreaker, FailureLog
@@ -290,6 +292,9 @@ class RolloutEngine:
     # -- one episode -------------------------------------------------------------------
     async def _run_episode(self, task: _Task) -> None:
         episode_id.set(task.task_id)
+        # the engine's pool is the episode's current pool (rewards.AsyncRewardWrapper), whichever
+        # task admitted it: a task trio.from_thread started (the blocking facade) has none
+        set_pool_in_context(self.reward_pool)
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:

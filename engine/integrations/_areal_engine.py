@@ -145,7 +145,6 @@ class AReaLInferenceEngine(InferenceEngine):
         self._followers: list[AReaLInferenceEngine] = []
         self._updates: ThreadPoolExecutor | None = None
         self._tokenizer = self.options.tokenizer
-        self._last_stats: dict[str, float] = {}
         self.staleness_manager = _StalenessView(self)
 
     # -- lifecycle ---------------------------------------------------------------------------

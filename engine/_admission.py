@@ -194,7 +194,10 @@ class Admission:
         generated = (traj["loss_mask"] > 0) & traj["attention_mask"]  # [B, T]
         big = torch.iinfo(versions.dtype).max
         oldest = torch.where(generated, versions, torch.full_like(versions, big)).amin(dim=1)  # [B]
-        return (oldest != big) & (self.version - oldest > eta)
+        # in int64, eta capped to it: an int32 comparison with eta >= 2**31 wraps (AReaL's "no
+        # staleness control" is eta = int(1e10) or int(1e12)) and would call every row stale
+        behind = self.version - oldest.to(torch.int64)  # [B] int64
+        return (oldest != big) & (behind > min(eta, torch.iinfo(torch.int64).max))
 
     def check_staleness(self, result: EpisodeResult) -> EpisodeResult:
         """``result`` under the staleness policy: as is (no bound, no versions, fresh),

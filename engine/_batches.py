@@ -228,6 +228,10 @@ class BatchPipeline:
                 self.restored_position = None
             B, eta = self._config.consumer_batch_size, self._config.max_head_offpolicyness
             ahead = (eta + 1) * B if eta is not None else max(B, self._config.max_concurrent_rollouts)
+            # more queued than the buffer holds could not deposit anyway; a huge eta ("no staleness
+            # control", AReaL's int(1e10)) would read the dataloader without end
+            if ahead > self._buffer.capacity:  # (the capacity may be math.inf: unbounded)
+                ahead = max(B, int(self._buffer.capacity))
             feeder = self.feeder = Feeder(stream, wf, should_accept_fn, group_size, ahead, ahead + B)
         feeder.workflow, feeder.should_accept_fn, feeder.group_size = wf, should_accept_fn, group_size
         return feeder

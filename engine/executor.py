@@ -45,6 +45,8 @@ from typing import Any, TypeVar, cast
 import trio
 from tensordict import TensorDict
 
+from rewards._context import set_pool_in_context
+
 from ._admission import Admission
 from ._batches import BatchPipeline
 from ._breaker import FailureBreaker, FailureLog
@@ -311,6 +313,9 @@ class RolloutEngine:
     # -- one episode -------------------------------------------------------------------
     async def _run_episode(self, task: _Task) -> None:
         episode_id.set(task.task_id)
+        # the engine's pool is the episode's current pool (rewards.AsyncRewardWrapper), whichever
+        # task admitted it: a task trio.from_thread started (the blocking facade) has none
+        set_pool_in_context(self.reward_pool)
         start = trio.current_time()
         result: EpisodeResult | None = None
         try:
@@ -439,7 +444,8 @@ class RolloutEngine:
         generation overlaps the trainer's step whenever the staleness bound
         (``max_head_offpolicyness`` = eta) allows.  Accepted results waiting plus
         episodes in flight stay at most ``(eta + 2) * B`` (with ``eta=None``:
-        ``max(B, C) + B``).  Refills use the episode spec of the latest call.
+        ``max(B, C) + B``), and never more than the result buffer's capacity plus
+        ``B``.  Refills use the episode spec of the latest call.
 
         The data position is a :class:`~engine.datastream.DataStream`
         (``engine.data_stream``): the engine streams from one dataloader, holding a

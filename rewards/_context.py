@@ -18,7 +18,8 @@ from contextlib import contextmanager
 
 from ._stats import RewardOutcome
 
-__all__ = ["collect_reward_outcomes", "pool_in_context", "record_outcome", "swap_reward_outcome_collector", "using_pool"]
+__all__ = ["collect_reward_outcomes", "pool_in_context", "record_outcome", "set_pool_in_context",
+           "swap_reward_outcome_collector", "using_pool"]
 
 _CURRENT_POOL: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "trio_rollout_reward_pool", default=None
@@ -44,6 +45,13 @@ def using_pool(pool: object) -> Iterator[None]:
             _CURRENT_POOL.reset(token)
         except ValueError:  # exited in another context than it was entered in
             pass
+
+
+def set_pool_in_context(pool: object | None) -> None:
+    """Make ``pool`` the pool of this context for the rest of the task (a trio task's context
+    is its own copy): the engine's episode tasks, which may have been started from a task whose
+    context has no pool (a ``trio.from_thread`` call of the blocking facade)."""
+    _CURRENT_POOL.set(pool)
 
 
 def record_outcome(outcome: RewardOutcome) -> None:

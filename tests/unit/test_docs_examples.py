@@ -41,7 +41,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 def test_docs_have_examples_and_few_sketches():
     assert len(RUN) >= 8, [b.id for b in RUN]
-    assert len(BLOCKS) - len(RUN) <= len(RUN) // 2, [b.id for b in BLOCKS if b.not_run]
+    # a sketch is a block that nothing runs: one whose marker names the test that runs its
+    # code (a trainer's tier, an end-to-end test) is not one
+    sketches = [b.id for b in BLOCKS if b.not_run and "tests/" not in b.not_run]
+    assert len(sketches) <= len(RUN) // 2, sketches
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if "trio.run(" in b.code], ids=lambda b: b.id)

@@ -15,8 +15,8 @@ Definitions (times are virtual seconds; the window is the first ``steps`` traini
   the version of the row's oldest generated token (mean, max, histogram ``{k: rows}``);
 * ``length_bias_ks``: the two-sample Kolmogorov-Smirnov distance (:func:`ks_distance`)
   between the response lengths of every consumed row and the drawn lengths of every
-  request the server started (what the trained data would look like if nothing were
-  dropped or cut);
+  sample whose generation started, once each (what the trained data would look like if
+  nothing were dropped or cut; ``requests_started`` counts them);
 * ``prompts_trained_fraction``: prompts with at least one consumed row / prompts.
 """
 

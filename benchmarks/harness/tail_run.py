@@ -71,7 +71,9 @@ class Observed:
         busy_slot_s: server slot-seconds held within the window.
         batches: every batch consumed (the window and the cool-down).
         times: ``(prompt, sample) -> (generation start, end)`` of every finished sample.
-        population: the drawn length (tokens, capped) of every request the server started.
+        population: the drawn length (tokens, capped at ``max_new_tokens``) of every sample
+            whose generation started, once per sample (:meth:`SimBackend.draw` of its
+            first request: the length it has however it is cut into segments or re-run).
         decoded_tokens: tokens the server decoded in all (returned or lost).
         preemptions: sequences the server preempted for KV room.
         window_rejected: episodes (groups) rejected within the window (stale ones, mostly).
@@ -79,6 +81,7 @@ class Observed:
     """
 
     policy: str
+    settings: dict[str, Any] = field(default_factory=dict)
     window_s: float = math.nan
     busy_slot_s: float = math.nan
     batches: list[StepRecord] = field(default_factory=list)
@@ -94,35 +97,44 @@ class TailWorkflow(RolloutWorkflow):
     """One generation per episode (no reward: the scenario measures scheduling).
 
     The trajectory carries ``prompt_index [1] int32`` and ``sample_index [1] int32``;
-    :attr:`times` gets each sample's generation start and end (virtual seconds)."""
+    :attr:`times` gets each sample's generation start and end (virtual seconds),
+    :attr:`started` each sample's first request (a re-run sends the same one)."""
 
     def __init__(self, gconfig: GenerationHyperparameters, seed: int) -> None:
         self.gconfig = gconfig
         self.seed = seed
         self.times: dict[tuple[int, int], tuple[float, float]] = {}
+        self.started: dict[tuple[int, int], ModelRequest] = {}
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
         index, sample = int(data["index"]), sample_index.get()
         start = trio.current_time()
         gconfig = self.gconfig.new(seed=derive_seed(self.seed, index, sample, 0))
-        resp = await engine.agenerate(ModelRequest(input_ids=data["input_ids"], gconfig=gconfig))
+        request = ModelRequest(input_ids=data["input_ids"], gconfig=gconfig)
+        self.started.setdefault((index, sample), request)
+        resp = await engine.agenerate(request)
         first = self.times.get((index, sample), (start, start))[0]  # a re-run keeps the first start
         self.times[(index, sample)] = (first, trio.current_time())
         return build_trajectory([Injected(resp.input_tokens), Sampled(resp, 0)], 0.0,
                                 extra={"prompt_index": index, "sample_index": sample})
 
 
-def engine_config_for(cfg: TailConfig, policy: str) -> EngineConfig:
-    """The :class:`EngineConfig` of ``policy`` (a :data:`POLICIES` row).
+def engine_config_for(cfg: TailConfig, policy: str, settings: dict[str, Any] | None = None) -> EngineConfig:
+    """The :class:`EngineConfig` of ``policy`` (a :data:`POLICIES` row), with ``settings``
+    (more ``EngineConfig`` fields, e.g. a sweep's ``overprovision_ratio``) over the row's.
 
     Raises:
         PolicyUnavailable: the row names a setting this engine lacks (``scheduling="fcfs"``
             on an engine without the setting is today's behaviour and is dropped).
+        ValueError: ``settings`` for ``sync`` (no engine setting), or a bad value
+            (:class:`EngineConfig`'s own error, naming the field).
     """
     kwargs = POLICIES[policy]
     if kwargs is None:  # sync: one batch at a time, nothing runs ahead, nothing is stale
+        if settings:
+            raise ValueError(f"sync takes no engine settings, got {sorted(settings)}")
         return EngineConfig(consumer_batch_size=cfg.groups_per_step, max_concurrent_rollouts=cfg.groups_per_step)
-    kwargs = dict(kwargs)
+    kwargs = {**kwargs, **(settings or {})}
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     if "scheduling" not in names and kwargs.get("scheduling") == "fcfs":
         kwargs.pop("scheduling")
@@ -185,19 +197,20 @@ async def _train(cfg: TailConfig, engine: Any, workflow: TailWorkflow, items: li
             obs.window_rejected = engine.statistics().rejected
 
 
-def run_policy(cfg: TailConfig, policy: str) -> Observed:
-    """Run ``policy`` (a :data:`POLICIES` name) on ``cfg`` in virtual time; returns its
-    observations (deterministic for a given ``cfg``, see the module docstring).
+def run_policy(cfg: TailConfig, policy: str, settings: dict[str, Any] | None = None) -> Observed:
+    """Run ``policy`` (a :data:`POLICIES` name, with ``settings`` over its row:
+    :func:`engine_config_for`) on ``cfg`` in virtual time; returns its observations
+    (deterministic for a given ``cfg``, see the module docstring).
 
     Raises:
         PolicyUnavailable: this engine lacks the policy's settings.
         ValueError: the run ended before ``cfg.steps`` batches (too few prompts).
     """
-    config = engine_config_for(cfg, policy)
-    obs = Observed(policy)
+    config = engine_config_for(cfg, policy, settings)
+    obs = Observed(policy, settings=dict(settings or {}))
 
     async def main() -> None:
-        backend = SimBackend(cfg.sim, record=True)
+        backend = SimBackend(cfg.sim)
         gconfig = GenerationHyperparameters(max_new_tokens=cfg.max_new_tokens,
                                             max_tokens=cfg.prompt_len_max + cfg.max_new_tokens)
         workflow = TailWorkflow(gconfig, cfg.sim.seed)
@@ -207,7 +220,8 @@ def run_policy(cfg: TailConfig, policy: str) -> Observed:
             stats = engine.statistics()
         sim = backend.statistics()  # after close: what closing withdrew counts as lost
         obs.times = workflow.times
-        obs.population = [r.out_len for r in backend.requests]
+        obs.population = [backend.draw(r.input_ids, r.validate(), gconfig_seed=r.gconfig.seed).n
+                          for _, r in sorted(workflow.started.items())]
         obs.decoded_tokens = sim.tokens_generated + sim.tokens_discarded
         obs.preemptions = sim.preemptions
         obs.engine = {"accepted": stats.accepted, "rejected": stats.rejected, "failed": stats.failed,

@@ -56,14 +56,28 @@ def test_sync_on_flat_lengths_by_hand():
     assert r["prompts_trained_fraction"] == 1.0 and r["trained_tokens"] == r["decoded_tokens"] == 40 * 16
 
 
-@pytest.mark.parametrize("policy", ["sync", "fcfs"])
+#: chunks and probes shorter than most responses of _TAILED (median 32 tokens)
+_SHORT_SEGMENTS = {"overprovision": {"overprovision_chunk_tokens": 8}, "length_aware": {"length_aware_probe_tokens": 8}}
+
+
+@pytest.mark.parametrize("policy", ["sync", "fcfs", "overprovision", "length_aware"])
 def test_nothing_dropped_means_no_bias_and_nothing_thrown_away(policy):
+    """Also for the policies that send a generation in segments (the overprovision chunks, the
+    length_aware probe): the population is one drawn length per sample, not per segment."""
     cfg = replace(_TAILED, max_head_offpolicyness=50)  # a bound nothing reaches: nothing is stale
-    r = summarize(cfg, run_policy(cfg, policy))
+    r = summarize(cfg, run_policy(cfg, policy, _SHORT_SEGMENTS.get(policy)))
+    assert r["segments_resumed"] > 0 or policy in ("sync", "fcfs")
     assert r["rejected"] == 0 and r["rows_trained"] == r["requests_started"] == cfg.prompts * cfg.group_size
     assert r["thrown_away_token_fraction"] == 0.0
     assert r["length_bias_ks"] == 0.0
     assert r["prompts_trained_fraction"] == 1.0
+
+
+def test_chunked_policies_train_the_lengths_the_unchunked_ones_do():
+    cfg = replace(_TAILED, max_head_offpolicyness=50)
+    lengths = {p: sorted(row[2] for b in run_policy(cfg, p, _SHORT_SEGMENTS.get(p)).batches for row in b.rows)
+               for p in ("fcfs", "overprovision", "length_aware", "tail_batching")}
+    assert lengths["overprovision"] == lengths["length_aware"] == lengths["tail_batching"] == lengths["fcfs"]
 
 
 def test_a_tight_staleness_bound_throws_long_groups_away_and_the_metrics_say_so():

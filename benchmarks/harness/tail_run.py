@@ -18,6 +18,7 @@ correct, only not bit-for-bit repeatable).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Iterator
@@ -71,10 +72,13 @@ class Observed:
         busy_slot_s: server slot-seconds held within the window.
         batches: every batch consumed (the window and the cool-down).
         times: ``(prompt, sample) -> (generation start, end)`` of every finished sample.
-        population: the drawn length (tokens, capped at ``max_new_tokens``) of every sample
-            whose generation started, once per sample (:meth:`SimBackend.draw` of its
-            first request: the length it has however it is cut into segments or re-run).
+        population: ``(prompt, drawn length)`` of every sample whose generation started,
+            once per sample (tokens, capped at ``max_new_tokens``; :meth:`SimBackend.draw`
+            of its first request: the length it has however it is cut into segments or re-run).
         decoded_tokens: tokens the server decoded in all (returned or lost).
+        decoded_by_prompt: of those, per prompt index (segments returned, and the tokens of
+            withdrawn requests: cut, cancelled, or still running when the run closed).
+        undecided: prompts with a request still running (withdrawn) when the run closed.
         preemptions: sequences the server preempted for KV room.
         window_rejected: episodes (groups) rejected within the window (stale ones, mostly).
         engine: the engine's statistics at the end, as a dict.
@@ -86,11 +90,40 @@ class Observed:
     busy_slot_s: float = math.nan
     batches: list[StepRecord] = field(default_factory=list)
     times: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
-    population: list[int] = field(default_factory=list)
+    population: list[tuple[int, int]] = field(default_factory=list)
     decoded_tokens: int = 0
+    decoded_by_prompt: dict[int, int] = field(default_factory=dict)
+    undecided: set[int] = field(default_factory=set)
     preemptions: int = 0
     window_rejected: int = 0
     engine: dict[str, Any] = field(default_factory=dict)
+
+
+class _CountingSim(SimBackend):
+    """The scenario's server: the sim, counting the tokens it decodes for each prompt
+    (:attr:`prompt_of` maps a request id to its prompt; the workflow fills it)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.prompt_of: dict[str, int] = {}
+        self.decoded: collections.Counter[int] = collections.Counter()
+        self.closing = False  # set when the trainer is done: what is withdrawn from then on was in flight
+        self.withdrawn_at_close: set[int] = set()
+
+    async def _generate(self, request: ModelRequest, budget: int) -> Any:
+        resp = await super()._generate(request, budget)
+        index = self.prompt_of.get(request.rid)
+        if index is not None:
+            self.decoded[index] += resp.output_len
+        return resp
+
+    def discarded(self, rid: str, tokens: int) -> None:
+        super().discarded(rid, tokens)
+        index = self.prompt_of.get(rid)
+        if index is not None:
+            self.decoded[index] += tokens
+            if self.closing:
+                self.withdrawn_at_close.add(index)
 
 
 class TailWorkflow(RolloutWorkflow):
@@ -98,13 +131,15 @@ class TailWorkflow(RolloutWorkflow):
 
     The trajectory carries ``prompt_index [1] int32`` and ``sample_index [1] int32``;
     :attr:`times` gets each sample's generation start and end (virtual seconds),
-    :attr:`started` each sample's first request (a re-run sends the same one)."""
+    :attr:`started` each sample's first request (a re-run sends the same one), and
+    ``prompt_of`` (when given) each request id's prompt index."""
 
-    def __init__(self, gconfig: GenerationHyperparameters, seed: int) -> None:
+    def __init__(self, gconfig: GenerationHyperparameters, seed: int, prompt_of: dict[str, int] | None = None) -> None:
         self.gconfig = gconfig
         self.seed = seed
         self.times: dict[tuple[int, int], tuple[float, float]] = {}
         self.started: dict[tuple[int, int], ModelRequest] = {}
+        self.prompt_of = {} if prompt_of is None else prompt_of
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
         index, sample = int(data["index"]), sample_index.get()
@@ -112,6 +147,7 @@ class TailWorkflow(RolloutWorkflow):
         gconfig = self.gconfig.new(seed=derive_seed(self.seed, index, sample, 0))
         request = ModelRequest(input_ids=data["input_ids"], gconfig=gconfig)
         self.started.setdefault((index, sample), request)
+        self.prompt_of[request.rid] = index
         resp = await engine.agenerate(request)
         first = self.times.get((index, sample), (start, start))[0]  # a re-run keeps the first start
         self.times[(index, sample)] = (first, trio.current_time())
@@ -210,19 +246,22 @@ def run_policy(cfg: TailConfig, policy: str, settings: dict[str, Any] | None = N
     obs = Observed(policy, settings=dict(settings or {}))
 
     async def main() -> None:
-        backend = SimBackend(cfg.sim)
+        backend = _CountingSim(cfg.sim)
         gconfig = GenerationHyperparameters(max_new_tokens=cfg.max_new_tokens,
                                             max_tokens=cfg.prompt_len_max + cfg.max_new_tokens)
-        workflow = TailWorkflow(gconfig, cfg.sim.seed)
+        workflow = TailWorkflow(gconfig, cfg.sim.seed, backend.prompt_of)
         items = [{"index": i, "input_ids": cfg.prompt(i)} for i in range(cfg.prompts)]
         async with open_rollout_engine(backend, config, reward_pool=InProcessRewardPool()) as engine:
             await _train(cfg, engine, workflow, items, obs, backend, sync=POLICIES[policy] is None)
             stats = engine.statistics()
+            backend.closing = True
         sim = backend.statistics()  # after close: what closing withdrew counts as lost
         obs.times = workflow.times
-        obs.population = [backend.draw(r.input_ids, r.validate(), gconfig_seed=r.gconfig.seed).n
-                          for _, r in sorted(workflow.started.items())]
+        obs.population = [(i, backend.draw(r.input_ids, r.validate(), gconfig_seed=r.gconfig.seed).n)
+                          for (i, _), r in sorted(workflow.started.items())]
         obs.decoded_tokens = sim.tokens_generated + sim.tokens_discarded
+        obs.decoded_by_prompt = dict(backend.decoded)
+        obs.undecided = set(backend.withdrawn_at_close)
         obs.preemptions = sim.preemptions
         obs.engine = {"accepted": stats.accepted, "rejected": stats.rejected, "failed": stats.failed,
                       "rejected_by_reason": dict(stats.rejected_by_reason),

@@ -52,8 +52,10 @@ def test_sync_on_flat_lengths_by_hand():
     assert r["slot_occupancy"] == pytest.approx(8 * 1.6 / (128 * 2.6), abs=1e-4)
     assert r["tail_share"] == 0.0
     assert r["thrown_away_token_fraction"] == 0.0 and r["length_bias_ks"] == 0.0
-    assert r["staleness_histogram"] == {"0": 40} and r["staleness_max"] == 0
-    assert r["prompts_trained_fraction"] == 1.0 and r["trained_tokens"] == r["decoded_tokens"] == 40 * 16
+    # token, row and prompt counts are over the window's 3 x 2 prompts (the cool-down's 2 x 2 only keep it full)
+    assert r["staleness_histogram"] == {"0": 24} and r["staleness_max"] == 0
+    assert r["prompts_trained_fraction"] == 1.0 and r["trained_tokens"] == r["decoded_tokens"] == 24 * 16
+    assert r["decoded_tokens_run"] == 40 * 16 and r["window_prompts"] == 6 and r["window_prompts_undecided"] == 0
 
 
 #: chunks and probes shorter than most responses of _TAILED (median 32 tokens)
@@ -67,7 +69,7 @@ def test_nothing_dropped_means_no_bias_and_nothing_thrown_away(policy):
     cfg = replace(_TAILED, max_head_offpolicyness=50)  # a bound nothing reaches: nothing is stale
     r = summarize(cfg, run_policy(cfg, policy, _SHORT_SEGMENTS.get(policy)))
     assert r["segments_resumed"] > 0 or policy in ("sync", "fcfs")
-    assert r["rejected"] == 0 and r["rows_trained"] == r["requests_started"] == cfg.prompts * cfg.group_size
+    assert r["rejected"] == 0 and r["rows_trained"] == r["requests_started"] == r["window_prompts"] * cfg.group_size
     assert r["thrown_away_token_fraction"] == 0.0
     assert r["length_bias_ks"] == 0.0
     assert r["prompts_trained_fraction"] == 1.0
@@ -86,7 +88,7 @@ def test_a_tight_staleness_bound_throws_long_groups_away_and_the_metrics_say_so(
     assert r["rejected_by_reason"].get("stale", 0) == r["rejected"] > 0
     assert 0 < r["thrown_away_token_fraction"] < 1
     assert r["trained_tokens"] < r["decoded_tokens"]
-    assert r["prompts_trained_fraction"] == pytest.approx(1 - r["rejected"] / cfg.prompts)
+    assert r["prompts_trained_fraction"] == pytest.approx(1 - r["groups_rejected_in_window"] / r["window_prompts"], abs=1e-4)
     assert r["length_bias_ks"] > 0 and r["mean_len_trained"] < r["mean_len_generated"]  # the long ones go
 
 
@@ -169,3 +171,14 @@ def test_rollout_bench_scenario_tail_bad_option_is_one_line(capsys):
     assert main(["bench", "--scenario", "tail", "--policies", "sync,nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rollout bench: error:") and "nope" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "tail_batching"])
+def test_every_decoded_token_is_attributed_to_its_prompt(policy):
+    """Returned segments and withdrawn requests (tail_batching's cuts, what the close cancels) alike."""
+    cfg = replace(_TAILED, steps=4)
+    obs = run_policy(cfg, policy)
+    assert sum(obs.decoded_by_prompt.values()) == obs.decoded_tokens > 0
+    assert set(obs.decoded_by_prompt) <= set(range(cfg.prompts))
+    r = summarize(cfg, obs)
+    assert r["window_prompts_undecided"] == 0 and r["decoded_tokens"] <= r["decoded_tokens_run"]

@@ -241,11 +241,11 @@ class SimBackend(PerRequestBackend):
             await live.done.wait()
         except BaseException:  # the caller withdrew: what the server decoded for it is lost
             if live.aborted_tokens is not None:
-                self.tokens_discarded += live.aborted_tokens
+                self.discarded(rid, live.aborted_tokens)
             elif times:
-                self.tokens_discarded += round(steps * rate)
+                self.discarded(rid, round(steps * rate))
             else:
-                self.tokens_discarded += int(model.cancel(trio.current_time(), seq))  # frees the slot
+                self.discarded(rid, int(model.cancel(trio.current_time(), seq)))  # frees the slot
                 self._wake_clock()
             raise
         finally:
@@ -253,6 +253,12 @@ class SimBackend(PerRequestBackend):
         if live.aborted_tokens is not None:
             return trio.current_time(), seq.decode_start, live.aborted_tokens
         return times[0], times[1], None
+
+    def discarded(self, rid: str, tokens: int) -> None:
+        """Request ``rid`` was withdrawn with ``tokens`` decoded: they count in
+        ``tokens_discarded``.  A hook: a subclass may attribute them (the tail benchmark
+        counts each prompt's tokens); sync, called once per withdrawn request."""
+        self.tokens_discarded += tokens
 
     def _wake_clock(self) -> None:
         """Move the clock's deadline earlier if the model's next event is now

@@ -11,9 +11,12 @@ Same work for every policy: prompt ``i`` is :meth:`TailConfig.prompt`, and sampl
 of it carries ``gconfig.seed = derive_seed(seed, i, j, 0)``, so its length (the sim's
 draw, :func:`engine.backends.sim._draws.request_seed_rng`) depends on ``(seed, i, j)``
 only, whatever the schedule.  Trio shuffles tasks made runnable at the same moment with
-an RNG of its own; :func:`run_policy` seeds it for the run and restores its state after
-(a private attribute, ``trio._core._run._r``; where it is missing the run is still
-correct, only not bit-for-bit repeatable).
+an RNG of its own, and wakes the waiters of a ``trio.Event`` in the order of a set (by
+memory address: different in each process); :func:`run_policy` seeds the RNG and turns
+on trio's deterministic scheduling (runnable tasks sorted by creation, then shuffled) for
+the run, and restores both after (private attributes, ``trio._core._run._r`` and
+``_ALLOW_DETERMINISTIC_SCHEDULING``; where they are missing the run is still correct,
+only not bit-for-bit repeatable).
 """
 
 from __future__ import annotations
@@ -183,16 +186,22 @@ def engine_config_for(cfg: TailConfig, policy: str, settings: dict[str, Any] | N
 
 @contextmanager
 def _seeded_trio_scheduler(seed: int) -> Iterator[None]:
-    rng = getattr(getattr(getattr(trio, "_core", None), "_run", None), "_r", None)
-    if rng is None:  # pragma: no cover - another trio layout: correct, not repeatable
-        yield
+    run = getattr(getattr(trio, "_core", None), "_run", None)
+    rng = getattr(run, "_r", None)
+    if rng is None or not hasattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING"):  # pragma: no cover - another trio
+        yield  # layout: correct, not repeatable
         return
-    state = rng.getstate()
+    state, deterministic = rng.getstate(), run._ALLOW_DETERMINISTIC_SCHEDULING
     rng.seed(f"bench-tail:{seed}")
+    # trio's own switch (the one its Hypothesis plugin sets): each batch of runnable tasks is
+    # sorted by creation before the seeded shuffle, so an order that comes from a set of tasks
+    # (trio.Event wakes its waiters in set order, i.e. by address) does not reach the schedule
+    run._ALLOW_DETERMINISTIC_SCHEDULING = True
     try:
         yield
     finally:
         rng.setstate(state)
+        run._ALLOW_DETERMINISTIC_SCHEDULING = deterministic
 
 
 def _rows(batch: Any) -> list[tuple[int, int, int, int]]:

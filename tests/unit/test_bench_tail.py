@@ -101,6 +101,33 @@ def test_runs_are_deterministic():
     assert c["decoded_tokens"] != a["decoded_tokens"]
 
 
+_DIGEST = """
+import hashlib, sys
+from dataclasses import replace
+from benchmarks.harness.tail_config import TAIL_SIM, TailConfig
+from benchmarks.harness.tail_run import run_policy
+cfg = TailConfig(steps=4, cooldown_steps=2, groups_per_step=4, group_size=4, max_new_tokens=256,
+                 prompt_len_min=8, prompt_len_max=16, sim=replace(TAIL_SIM, out_len_median=32, max_running_seqs=8))
+obs = run_policy(cfg, "length_aware", {"length_aware_probe_tokens": 8})
+print(hashlib.sha256(repr((obs.window_s, sorted(obs.times.items()))).encode()).hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_runs_are_repeatable_across_processes():
+    """A probe's siblings wait on one trio.Event, which wakes its waiters in the order of a set of
+    tasks (by address: a new order in each process); the run must not depend on it."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    digests = {subprocess.run([sys.executable, "-c", _DIGEST], env=env, capture_output=True, text=True, check=True,
+                              timeout=120).stdout for _ in range(2)}
+    assert len(digests) == 1
+
+
 def test_the_fitted_model_gives_seers_tail_share():
     """Seer (arXiv 2511.14617): the last 10% of requests take up to ~50% of a synchronous step."""
     cfg = TailConfig()

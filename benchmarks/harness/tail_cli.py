@@ -14,7 +14,8 @@ JSON (``--out``; schema ``bench_tail/1``)::
                   "staleness_max", "staleness_histogram", "length_bias_ks", "prompts_trained_fraction",
                   ...counts} | {"policy", "skipped": why}, ...],
      "summary": {"steps_per_hour_vs_sync": {policy: ratio}, "steps_per_hour_vs_fcfs": {policy: ratio},
-                 "server_bound_steps_per_hour": float | null,
+                 "server_bound_steps_per_hour": float | null, "staleness_latency_bound": {...} | null,
+                 "bound_within_ks_steps_per_hour": float | null, "bound_within_ks_vs_fcfs": float | null,
                  "best_within_ks": {"ks_max", "policy", "vs_fcfs", "vs_sync", "thrown_away_token_fraction"} | null}}
 
 The metrics are defined in :mod:`.tail_metrics`; the scenario and its fit in :mod:`.tail_config`.
@@ -23,13 +24,13 @@ The metrics are defined in :mod:`.tail_metrics`; the scenario and its fit in :mo
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import replace
 from typing import Any, NoReturn
 
 from .report import write_json
+from .tail_bounds import server_bound_steps_per_hour, staleness_latency_bound
 from .tail_config import POLICIES, TailConfig, parse_policies
 from .tail_metrics import format_tail_table, summarize
 from .tail_run import PolicyUnavailable, run_policy
@@ -73,25 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def server_bound_steps_per_hour(cfg: TailConfig, mean_len: float) -> float:
-    """The ceiling of any policy: trainer steps per hour when every slot decodes all the
-    time and nothing is thrown away, ``3600 / max(train_step_s, B * G * mean_len *
-    step_s / K)`` with ``step_s`` the decode step at ``K`` running sequences (prefill
-    left out: it adds ~0.5% here).  ``mean_len``: tokens per response."""
-    sim = cfg.sim
-    k = sim.max_running_seqs
-    if k is None:
-        return math.inf
-    step_s = sim.per_token_s * (1 + sim.decode_slowdown_per_seq * (k - 1))
-    gen_s = cfg.groups_per_step * cfg.group_size * mean_len * step_s / k
-    return 3600.0 / max(cfg.train_step_s, gen_s)
-
-
 def summary(results: list[dict[str, Any]], ks_max: float = KS_MAX, cfg: TailConfig | None = None) -> dict[str, Any]:
     """Ratios of trainer steps per hour to ``sync`` and ``fcfs``, the best policy other
     than those two whose ``length_bias_ks`` is at most ``ks_max`` (None if none ran), and
-    with ``cfg`` the server-bound ceiling (:func:`server_bound_steps_per_hour` of the
-    first row's mean generated length)."""
+    with ``cfg`` the two ceilings of :mod:`.tail_bounds`: the server bound (of the first
+    row's mean generated length), the staleness-latency bound at ``ks_max``, and the lower
+    of the two (``bound_within_ks_steps_per_hour``, and its ratio to ``fcfs``)."""
     ran = {r["policy"]: r for r in results if not r.get("skipped")}
 
     def ratios(base: str) -> dict[str, float]:
@@ -103,11 +91,16 @@ def summary(results: list[dict[str, Any]], ks_max: float = KS_MAX, cfg: TailConf
     candidates = [r for p, r in ran.items() if p not in ("sync", "fcfs")
                   and r["length_bias_ks"] is not None and r["length_bias_ks"] <= ks_max]
     best = max(candidates, key=lambda r: r["steps_per_hour"], default=None)
-    ceiling = None
+    ceiling = latency = None
     if cfg is not None and ran:
         ceiling = round(server_bound_steps_per_hour(cfg, next(iter(ran.values()))["mean_len_generated"]), 3)
+        latency = staleness_latency_bound(cfg, ks_max=ks_max)
+    bound = None if ceiling is None or latency is None else min(ceiling, latency["steps_per_hour"])
     return {"steps_per_hour_vs_sync": vs_sync, "steps_per_hour_vs_fcfs": vs_fcfs,
-            "server_bound_steps_per_hour": ceiling,
+            "server_bound_steps_per_hour": ceiling, "staleness_latency_bound": latency,
+            "bound_within_ks_steps_per_hour": bound,
+            "bound_within_ks_vs_fcfs": None if bound is None or "fcfs" not in ran
+            else round(bound / ran["fcfs"]["steps_per_hour"], 3),
             "best_within_ks": None if best is None else {
                 "ks_max": ks_max, "policy": best["policy"], "vs_fcfs": vs_fcfs.get(best["policy"]),
                 "vs_sync": vs_sync.get(best["policy"]),
@@ -156,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     if s["server_bound_steps_per_hour"] is not None:
         print(f"server-bound ceiling (all slots decoding, nothing thrown away): {s['server_bound_steps_per_hour']:.1f} "
               "steps/h")
+        lat = s["staleness_latency_bound"]
+        print(f"staleness-latency ceiling at KS <= {lat['ks_max']} (eta {lat['eta']}: steady steps of >= "
+              f"{lat['step_s']} s, samples over {lat['max_len_tokens']:.0f} tokens cannot be trained): "
+              f"{lat['steps_per_hour']:.1f} steps/h")
     path = write_json(args.out, "bench_tail", cfg.to_dict(), results, summary=s)
     print(f"wrote {path}")
     return 0

@@ -5,12 +5,14 @@ run is in virtual time (``trio.testing.MockClock``), a second or less of CPU."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import replace
 
 import pytest
 
 from benchmarks.harness import tail_config, tail_run
+from benchmarks.harness.tail_bounds import staleness_latency_bound
 from benchmarks.harness.tail_cli import server_bound_steps_per_hour, summary
 from benchmarks.harness.tail_config import TAIL_SIM, TailConfig, expected_sync_tail_share
 from benchmarks.harness.tail_metrics import ks_distance, summarize, tail_share
@@ -167,6 +169,20 @@ def test_the_server_bound_ceiling_by_hand():
     assert server_bound_steps_per_hour(_FLAT, 16) == pytest.approx(3600.0)
     # the default: 128 x 678.5 tokens x 25 ms x 1.0635 / 128 = 18.04 s per step > 10 s of training
     assert server_bound_steps_per_hour(TailConfig(), 678.5) == pytest.approx(3600 / (678.5 * 0.025 * 1.0635), rel=1e-9)
+
+
+def test_the_staleness_latency_bound_by_hand():
+    # 0.1 s per token, 1 s of training, eta 1: a sample of L tokens fits steady steps of T s iff 0.1 L <= 2 T - 1
+    cfg = replace(_FLAT, max_head_offpolicyness=1, train_step_s=1.0, sim=replace(_FLAT.sim, per_token_s=0.1))
+    groups = [[10] * 4] * 9 + [[100] * 4]  # dropping the long group: KS 0.1 (4 of 40 samples)
+    b = staleness_latency_bound(cfg, ks_max=0.1, groups=groups)
+    assert (b["step_s"], b["steps_per_hour"], b["groups_dropped_fraction"]) == (1.0, 3600.0, 0.1)
+    b = staleness_latency_bound(cfg, ks_max=0.05, groups=groups)  # the long group must fit: 2 T - 1 >= 10
+    assert (b["step_s"], b["max_len_tokens"], b["groups_dropped_fraction"]) == (5.5, 100, 0.0)
+    assert b["steps_per_hour"] == pytest.approx(3600 / 5.5, abs=1e-3)
+    assert staleness_latency_bound(replace(cfg, max_head_offpolicyness=20), groups=groups)["steps_per_hour"] == math.inf
+    # the default scenario at eta 1: below the server bound (what bounds the comparison there)
+    assert staleness_latency_bound(TailConfig())["steps_per_hour"] < server_bound_steps_per_hour(TailConfig(), 678.5)
 
 
 def test_rollout_bench_scenario_tail_writes_the_json(tmp_path, capsys):

@@ -136,9 +136,18 @@ _COLUMNS = (("policy", "policy", "{}"), ("steps/h", "steps_per_hour", "{:.1f}"),
 
 def format_tail_table(results: list[dict[str, Any]], *, title: str | None = None) -> str:
     """A fixed-width text table, one row per policy (skipped ones say why)."""
-    head = [c[0] for c in _COLUMNS]
-    rows = [["-" if r.get(key) is None else fmt.format(r[key]) for _, key, fmt in _COLUMNS]
-            for r in results if not r.get("skipped")]
+    columns = list(_COLUMNS)
+    if any(r.get("spread", {}).get("steps_per_hour") for r in results):  # several seeds: the range of steps/h
+        columns.insert(2, ("(min-max)", "spread", "{}"))
+    head = [c[0] for c in columns]
+
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        if key == "spread":
+            lo_hi = r.get("spread", {}).get("steps_per_hour")
+            return "-" if not lo_hi else f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}"
+        return "-" if r.get(key) is None else fmt.format(r[key])
+
+    rows = [[cell(r, key, fmt) for _, key, fmt in columns] for r in results if not r.get("skipped")]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     widths[0] = max([widths[0]] + [len(r["policy"]) for r in results])
     lines = [title] if title else []

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.harness import tail_config, tail_run
 from benchmarks.harness.tail_bounds import staleness_latency_bound
-from benchmarks.harness.tail_cli import server_bound_steps_per_hour, summary
+from benchmarks.harness.tail_cli import aggregate, server_bound_steps_per_hour, summary
 from benchmarks.harness.tail_config import TAIL_SIM, TailConfig, expected_sync_tail_share
 from benchmarks.harness.tail_metrics import ks_distance, summarize, tail_share
 from benchmarks.harness.tail_run import PolicyUnavailable, engine_config_for, run_policy
@@ -191,7 +191,7 @@ def test_rollout_bench_scenario_tail_writes_the_json(tmp_path, capsys):
     out = tmp_path / "bench_tail.json"
     code = main(["bench", "--scenario", "tail", "--policies", "sync,fcfs,overprovision", "--steps", "2",
                  "--cooldown-steps", "2", "--groups-per-step", "2", "--group-size", "2", "--max-new-tokens", "256",
-                 "--out", str(out)])
+                 "--seeds", "0,1", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "steps/h vs sync" in printed and f"wrote {out}" in printed
@@ -205,7 +205,32 @@ def test_rollout_bench_scenario_tail_writes_the_json(tmp_path, capsys):
         assert results[name]["time_base"] == "virtual"
     assert "skipped" in results["overprovision"] or "steps_per_hour" in results["overprovision"]
     assert doc["summary"]["steps_per_hour_vs_sync"]["sync"] == 1.0
+    assert doc["config"]["seeds"] == [0, 1] and results["fcfs"]["seeds"] == [0, 1]
+    lo, hi = results["fcfs"]["spread"]["steps_per_hour"]
+    assert lo <= results["fcfs"]["steps_per_hour"] <= hi
+    assert len(doc["summary"]["staleness_latency_bound"]["per_seed"]) == 2
     assert doc["summary"]["server_bound_steps_per_hour"] > results["fcfs"]["steps_per_hour"]
+
+
+def test_a_row_over_seeds_averages_numbers_and_sums_counters():
+    rows = [{"policy": "p", "seed": 0, "steps_per_hour": 10.0, "staleness_max": 1, "staleness_histogram": {"0": 3},
+             "length_bias_ks": None, "time_base": "virtual"},
+            {"policy": "p", "seed": 1, "steps_per_hour": 20.0, "staleness_max": 2, "staleness_histogram": {"0": 1, "1": 2},
+             "length_bias_ks": None, "time_base": "virtual"}]
+    row = aggregate(rows)
+    assert row["steps_per_hour"] == 15.0 and row["staleness_max"] == 2 and row["length_bias_ks"] is None
+    assert row["staleness_histogram"] == {"0": 4, "1": 2} and row["seeds"] == [0, 1]
+    assert row["spread"] == {"steps_per_hour": [10.0, 20.0]} and row["time_base"] == "virtual"
+    assert aggregate(rows[:1])["seeds"] == [0]
+
+
+@pytest.mark.parametrize("seeds", ["0,x", ","])
+def test_bad_seeds_are_one_line(seeds, capsys):
+    from engine.cli import main
+
+    assert main(["bench", "--scenario", "tail", "--seeds", seeds]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rollout bench: error:") and "--seeds" in err and err.count("\n") == 1
 
 
 def test_rollout_bench_scenario_tail_bad_option_is_one_line(capsys):

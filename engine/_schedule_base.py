@@ -290,9 +290,14 @@ class SlotGate:
     def waiting(self) -> int:
         return self._waiting
 
+    @property
+    def free(self) -> bool:
+        """A segment asking now gets a slot at once (one is free and nobody waits)."""
+        return self.busy < self.slots and not self._waiting
+
     async def acquire(self, priority: int) -> None:
         """Wait for a slot (at once when one is free and nobody waits)."""
-        if self.busy < self.slots and not self._waiting:
+        if self.free:
             self.busy += 1
             await trio.lowlevel.checkpoint()
             return

@@ -73,6 +73,7 @@ async def test_probes_go_first_then_the_longest_groups_through_the_dispatch_boun
     continuation = [s for s in rest if s.done > 0]
     assert [(s.group, s.done, s.budget) for s in continuation] == [(1, 256, 4096 - 256)]
     assert stats.scheduling == {"policy": "length_aware", "probes": 3, "probes_finished": 2, "siblings_waited": 6,
+                                "siblings_unestimated": 0,
                                 "segments_waiting": 0, "peak_segments_waiting": 6}
     counts_add_up(stats)
     assert stats.accepted == 3
@@ -195,3 +196,20 @@ def _in_flight(backend) -> list[int]:
         level += d
         levels.append(level)
     return levels
+
+
+async def test_with_a_free_dispatch_slot_siblings_do_not_wait_for_their_probe(reward_pool, autojump_clock):
+    """The probe orders a queue; with room at the dispatch bound there is none, and waiting for the probe
+    would only delay the group (its oldest token is the probe's: the delay eats its staleness window)."""
+    backend = ScriptedSim()
+    config = EngineConfig(scheduling="length_aware", length_aware_probe_tokens=64, scheduling_max_segments=4)
+    items = [item(0, 300, 340), item(1, 900, 800)]  # 4 members, 4 slots: nobody queues
+    async with open_rollout_engine(backend, config, reward_pool=reward_pool) as engine:
+        await engine.rollout_batch(items, Scripted(), group_size=2)
+        stats = engine.statistics()
+    first = [s for s in backend.sent if s.done == 0]
+    assert len(first) == 4 and {s.t for s in first} == {0.0}  # probes and siblings at once
+    assert sorted(s.priority for s in first) == [PROBE_PRIORITY] * 2 + [0] * 2  # the siblings: no estimate yet
+    assert stats.scheduling["siblings_waited"] == 0 and stats.scheduling["siblings_unestimated"] == 2
+    assert stats.accepted == 2
+    counts_add_up(stats)

@@ -24,6 +24,7 @@ The metrics are defined in :mod:`.tail_metrics`; the scenario and its fit in :mo
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from dataclasses import replace
@@ -206,7 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                          group_size=args.group_size, train_step_s=args.train_step_s,
                          max_head_offpolicyness=args.max_head_offpolicyness, max_new_tokens=args.max_new_tokens,
                          sim=replace(TailConfig().sim, seed=seeds[0]))
-        results = run_tail(cfg, policies, log=lambda m: print(m, file=sys.stderr), seeds=seeds)
+        engine_log = logging.getLogger("rollout")  # in virtual time its "prepare_batch has waited 60 s" lines
+        level = engine_log.level                    # are the step policies' ordinary waits: noise here
+        engine_log.setLevel(logging.ERROR)
+        try:
+            results = run_tail(cfg, policies, log=lambda m: print(m, file=sys.stderr), seeds=seeds)
+        finally:
+            engine_log.setLevel(level)
     except ValueError as exc:
         print(f"rollout bench: error: {exc}", file=sys.stderr)
         return 2

@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"KS {row['length_bias_ks']:.3f}, thrown away {row['thrown_away_token_fraction']:.3f}, "
                           f"staleness {row['staleness_mean']:.2f}", flush=True)
     by_eta = best_by_eta(cfg, seeds, etas, rows, sync) if "fcfs" in policies else {}
-    for eta, b in by_eta.items():
+    for bound, b in by_eta.items():
         best = b["best_within_ks"]
-        print(f"eta {eta}: fcfs {b['fcfs_steps_per_hour']:.1f}; best within KS {KS_MAX}: "
+        print(f"eta {bound}: fcfs {b['fcfs_steps_per_hour']:.1f}; best within KS {KS_MAX}: "
               + ("none" if best is None else f"{best['policy']} {best['settings'] or '(defaults)'} "
                  f"{best['steps_per_hour']:.1f} = x{best['vs_fcfs']:.2f} fcfs")
               + f"; ceiling x{b['bound_within_ks_vs_fcfs']:.2f} fcfs (server {b['server_bound_steps_per_hour']:.1f}, "

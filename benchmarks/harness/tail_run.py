@@ -186,7 +186,7 @@ def engine_config_for(cfg: TailConfig, policy: str, settings: dict[str, Any] | N
 
 @contextmanager
 def _seeded_trio_scheduler(seed: int) -> Iterator[None]:
-    run = getattr(getattr(trio, "_core", None), "_run", None)
+    run: Any = getattr(getattr(trio, "_core", None), "_run", None)
     rng = getattr(run, "_r", None)
     if rng is None or not hasattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING"):  # pragma: no cover - another trio
         yield  # layout: correct, not repeatable

@@ -250,3 +250,21 @@ def test_every_decoded_token_is_attributed_to_its_prompt(policy):
     assert set(obs.decoded_by_prompt) <= set(range(cfg.prompts))
     r = summarize(cfg, obs)
     assert r["window_prompts_undecided"] == 0 and r["decoded_tokens"] <= r["decoded_tokens_run"]
+
+
+def test_the_sweep_picks_per_eta_the_fastest_point_within_the_ks_bound():
+    from benchmarks.bench_tail_sweep import GRID, best_by_eta
+
+    def row(eta, policy, sph, ks, settings=None):
+        return {"eta": eta, "policy": policy, "settings": settings or {}, "steps_per_hour": sph, "length_bias_ks": ks,
+                "thrown_away_token_fraction": 0.1, "mean_len_generated": 678.5}
+
+    rows = [row(1, "fcfs", 100.0, 0.09), row(1, "overprovision", 150.0, 0.2), row(1, "length_aware", 110.0, 0.05,
+            {"length_aware_probe_tokens": 64}), row(2, "fcfs", 120.0, 0.08), row(2, "tail_batching", 60.0, 0.0)]
+    by_eta = best_by_eta(replace(TailConfig(), steps=2), (0,), (1, 2), rows, {"steps_per_hour": 50.0})
+    assert by_eta["1"]["best_within_ks"] == {"policy": "length_aware", "settings": {"length_aware_probe_tokens": 64},
+                                             "steps_per_hour": 110.0, "vs_fcfs": 1.1, "vs_sync": 2.2,
+                                             "length_bias_ks": 0.05, "thrown_away_token_fraction": 0.1}
+    assert by_eta["2"]["best_within_ks"]["policy"] == "tail_batching" and by_eta["2"]["fcfs_steps_per_hour"] == 120.0
+    assert by_eta["1"]["staleness_latency_bound_steps_per_hour"] < by_eta["2"]["staleness_latency_bound_steps_per_hour"]
+    assert set(GRID) <= set(tail_config.POLICIES) and all({} in points for points in GRID.values())

@@ -191,9 +191,14 @@ def run_tail(cfg: TailConfig, policies: tuple[str, ...], log: Any = None, *, see
 def bounds(cfg: TailConfig, seeds: tuple[int, ...], ks_max: float = KS_MAX) -> dict[str, Any]:
     """The staleness-latency bound of :mod:`.tail_bounds`, per seed and averaged."""
     per_seed = [staleness_latency_bound(replace(cfg, sim=replace(cfg.sim, seed=s)), ks_max=ks_max) for s in seeds]
+    if len(per_seed) == 1:
+        return per_seed[0]
     mean = sum(b["steps_per_hour"] for b in per_seed) / len(per_seed)
-    return {**per_seed[0], "steps_per_hour": round(mean, 3), "step_s": round(3600.0 / mean, 2),
-            "per_seed": [b["steps_per_hour"] for b in per_seed]} if len(per_seed) > 1 else per_seed[0]
+    out = {**per_seed[0], "steps_per_hour": round(mean, 3), "step_s": round(3600.0 / mean, 2),
+           "per_seed": [b["steps_per_hour"] for b in per_seed]}
+    for key, digits in (("max_len_tokens", 0), ("groups_dropped_fraction", 4)):  # the seeds' means
+        out[key] = round(sum(b[key] for b in per_seed) / len(per_seed), digits)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

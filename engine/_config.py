@@ -97,10 +97,14 @@ class EngineConfig:
         length_aware_probe_tokens: ``"length_aware"``: the new-token budget of a group's
             probe segment (tokens, >= 1): its siblings wait for it, then go with a
             priority from its length (its full budget if it did not finish).
-        scheduling_max_segments: under a policy other than ``"fcfs"``, at most this many
-            generation segments are in flight at once (>= 1), and waiting ones are sent
-            lowest ``priority`` first: the admission order for backends without server
-            priorities (``hf``); ``None`` (the default): no engine-side bound.
+        scheduling_max_segments: at most this many generation segments are in flight at
+            once (>= 1); waiting ones are sent lowest ``priority`` first (arrival order
+            among equals: all of them under ``"fcfs"``).  It is the admission order for
+            backends without server priorities (``hf``), and it keeps what the server
+            cannot run yet in the engine, unsent: a segment's tokens carry the version at
+            which it is sent, so a server queue makes them look older than they are (set
+            it to the server's running-sequence limit, e.g. vLLM's ``--max-num-seqs``);
+            ``None`` (the default): no engine-side bound.
     """
 
     max_concurrent_rollouts: int = 256
@@ -175,9 +179,6 @@ class EngineConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1{' or None' if allow_none else ''}, got {value!r}")
-        if self.scheduling_max_segments is not None and self.scheduling == "fcfs":
-            raise ValueError("scheduling_max_segments bounds the segments of a scheduling policy; with "
-                             "scheduling='fcfs' leave it None (or pick a policy, e.g. scheduling='length_aware')")
         if self.scheduling == "overprovision" and self.max_head_offpolicyness == 0:
             raise ValueError("max_head_offpolicyness must be >= 1 (or None) with scheduling='overprovision': it "
                              "resumes cut episodes in the next step, so their oldest tokens are a version behind "

@@ -113,6 +113,7 @@ class EngineStatistics:
     #: chat-template renderings that differed from the ids sent (:mod:`engine.chat`)
     retokenization_drifts: int = 0
     #: the scheduling policy's counters (:mod:`engine._scheduling`; ``{"policy": name, ...}``), None under ``"fcfs"``
+    #: without ``scheduling_max_segments``
     scheduling: dict[str, Any] | None = None
 
 

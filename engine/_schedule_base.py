@@ -38,7 +38,7 @@ import trio
 from ._records import EpisodeResult, Task
 from .types import ModelRequest, ModelResponse
 
-__all__ = ["FCFS", "MAX_ESTIMATE_TOKENS", "PROBE_PRIORITY", "Key", "SchedulingPolicy", "SegmentGate", "SegmentPlan",
+__all__ = ["FCFS", "MAX_ESTIMATE_TOKENS", "BoundedFCFS", "PROBE_PRIORITY", "Key", "SchedulingPolicy", "SegmentGate", "SegmentPlan",
            "SlotGate", "Wake", "estimate_priority", "slot_gate", "with_slot"]
 
 #: a group member: ``(task id, sample index)``
@@ -236,6 +236,30 @@ class FCFS:
                              f"scheduling='tail_batching'; load it into an engine with that scheduling")
 
 
+class BoundedFCFS(FCFS):
+    """``"fcfs"`` with ``EngineConfig.scheduling_max_segments``: first come, first served,
+    each generation one segment, at most ``slots`` of them at the server; the others wait
+    in the engine in arrival order (their requests' own ``priority`` first), unsent.
+
+    Counters (:meth:`statistics`): ``segments_waiting`` (now) and ``peak_segments_waiting``.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slots = SlotGate(slots)
+        self.segments = self
+
+    async def begin(self, key: Key, request: ModelRequest, done: int, left: int) -> SegmentPlan:
+        await self._slots.acquire(request.priority)
+        return SegmentPlan(key, left, request.priority, done, left, slot=True)
+
+    def end(self, plan: SegmentPlan, response: ModelResponse | None) -> None:
+        self._slots.release()
+
+    def statistics(self) -> dict[str, Any] | None:
+        return {"policy": self.name, "segments_waiting": self._slots.waiting,
+                "peak_segments_waiting": self._slots.peak_waiting}
+
+
 class _Waiter:
     __slots__ = ("event", "state")
 
@@ -266,9 +290,14 @@ class SlotGate:
     def waiting(self) -> int:
         return self._waiting
 
+    @property
+    def free(self) -> bool:
+        """A segment asking now gets a slot at once (one is free and nobody waits)."""
+        return self.busy < self.slots and not self._waiting
+
     async def acquire(self, priority: int) -> None:
         """Wait for a slot (at once when one is free and nobody waits)."""
-        if self.busy < self.slots and not self._waiting:
+        if self.free:
             self.busy += 1
             await trio.lowlevel.checkpoint()
             return

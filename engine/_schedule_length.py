@@ -10,7 +10,10 @@ budget (a group still going after the probe is taken to be as long as allowed). 
 later segment of the group (siblings, the probe's continuation, later turns) is sent
 with priority ``-estimate`` (:func:`estimate_priority`): longer groups first.  With
 ``scheduling_max_segments`` the engine itself dispatches segments in that order (the
-admission order for backends without server priorities).
+admission order for backends without server priorities), and a sibling that finds a free
+slot goes at once, unestimated (priority 0): the probe only orders a queue, and waiting
+for it would delay the group while its staleness runs from the probe's version (the tail
+benchmark: a 256-token probe costs every long group ~7 s).
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ class LengthAware(FCFS):
 
     Counters (:meth:`statistics`): ``probes`` (probe segments sent), ``probes_finished``
     (probes that ended within the probe budget: their length is the estimate),
-    ``siblings_waited`` (members that waited for their group's probe), ``segments_waiting``
+    ``siblings_waited`` (members that waited for their group's probe),
+    ``siblings_unestimated`` (members sent before their probe returned, at priority 0,
+    because the dispatch bound had a free slot: no queue to order), ``segments_waiting``
     (now, for a dispatch slot) and ``peak_segments_waiting``.
     """
 
@@ -57,6 +62,7 @@ class LengthAware(FCFS):
         self.probes = 0
         self.probes_finished = 0
         self.siblings_waited = 0
+        self.siblings_unestimated = 0
 
     # -- episodes ------------------------------------------------------------------------------
     def started(self, task: Task) -> None:
@@ -79,6 +85,9 @@ class LengthAware(FCFS):
             budget = min(self._probe_tokens, left)
             return await with_slot(self._slots, SegmentPlan(key, budget, PROBE_PRIORITY, done, left, probe=True))
         if not group.known.is_set() and key[1] != group.probe:
+            if self._slots is not None and self._slots.free:  # no queue to order: waiting would only delay it
+                self.siblings_unestimated += 1
+                return await with_slot(self._slots, SegmentPlan(key, left, 0, done, left))
             self.siblings_waited += 1
             await group.known.wait()  # bounded: the probe's segment is in flight, and ends (or raises) once
         return await with_slot(self._slots, SegmentPlan(key, left, estimate_priority(group.estimate), done, left))
@@ -106,5 +115,6 @@ class LengthAware(FCFS):
     def statistics(self) -> dict[str, Any]:
         slots = self._slots
         return {"policy": self.name, "probes": self.probes, "probes_finished": self.probes_finished,
-                "siblings_waited": self.siblings_waited, "segments_waiting": slots.waiting if slots else 0,
+                "siblings_waited": self.siblings_waited, "siblings_unestimated": self.siblings_unestimated,
+                "segments_waiting": slots.waiting if slots else 0,
                 "peak_segments_waiting": slots.peak_waiting if slots else 0}

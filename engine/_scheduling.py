@@ -13,7 +13,11 @@ version change: a recycled episode's *oldest* token counts).  The guide with num
 
 ``"fcfs"`` (the default)
     First come, first served, as AReaL: the queue's oldest episode starts first, each
-    generation is one request (re-sent only after an abort).  :class:`FCFS`.
+    generation is one request (re-sent only after an abort).  :class:`FCFS`.  With
+    ``scheduling_max_segments`` at most that many requests are at the server and the others
+    wait in the engine, unsent, in arrival order (:class:`BoundedFCFS`): a request's tokens
+    carry the version at which it is sent, so a deep server queue makes them look older
+    than they are and throws them away as stale (the tail benchmark at eta 4).
 
 ``"overprovision"``: APRIL, active partial rollouts (arXiv 2509.18521; in slime as
 ``--partial-rollout --over-sampling-batch-size``)
@@ -60,11 +64,11 @@ version change: a recycled episode's *oldest* token counts).  The guide with num
 from __future__ import annotations
 
 from ._config import EngineConfig
-from ._schedule_base import FCFS, PROBE_PRIORITY, SchedulingPolicy, SegmentPlan, Wake, estimate_priority
+from ._schedule_base import FCFS, PROBE_PRIORITY, BoundedFCFS, SchedulingPolicy, SegmentPlan, Wake, estimate_priority
 from ._schedule_length import LengthAware
 from ._schedule_steps import Overprovision, TailBatching
 
-__all__ = ["FCFS", "PROBE_PRIORITY", "LengthAware", "Overprovision", "SchedulingPolicy", "SegmentPlan", "TailBatching",
+__all__ = ["FCFS", "PROBE_PRIORITY", "BoundedFCFS", "LengthAware", "Overprovision", "SchedulingPolicy", "SegmentPlan", "TailBatching",
            "estimate_priority", "make_policy"]
 
 _POLICIES = {"length_aware": LengthAware, "overprovision": Overprovision, "tail_batching": TailBatching}
@@ -73,5 +77,5 @@ _POLICIES = {"length_aware": LengthAware, "overprovision": Overprovision, "tail_
 def make_policy(config: EngineConfig, wake: Wake) -> SchedulingPolicy:
     """The policy ``config.scheduling`` names (``wake`` wakes the admission actor)."""
     if config.scheduling == "fcfs":
-        return FCFS()
+        return FCFS() if config.scheduling_max_segments is None else BoundedFCFS(config.scheduling_max_segments)
     return _POLICIES[config.scheduling](config, wake)

@@ -59,6 +59,9 @@ TAIL_SIM = SimConfig(
 POLICIES: dict[str, dict[str, Any] | None] = {
     "sync": None,
     "fcfs": {"scheduling": "fcfs"},
+    # fcfs with the engine-side dispatch bound at the server's 128 slots: what the server cannot
+    # run yet waits in the engine, unsent, so its tokens are not stamped with an old version
+    "fcfs_bounded": {"scheduling": "fcfs", "scheduling_max_segments": 128},
     "overprovision": {"scheduling": "overprovision", "overprovision_ratio": 0.5},
     "length_aware": {"scheduling": "length_aware"},
     "tail_batching": {"scheduling": "tail_batching"},

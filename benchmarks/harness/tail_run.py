@@ -11,13 +11,17 @@ Same work for every policy: prompt ``i`` is :meth:`TailConfig.prompt`, and sampl
 of it carries ``gconfig.seed = derive_seed(seed, i, j, 0)``, so its length (the sim's
 draw, :func:`engine.backends.sim._draws.request_seed_rng`) depends on ``(seed, i, j)``
 only, whatever the schedule.  Trio shuffles tasks made runnable at the same moment with
-an RNG of its own; :func:`run_policy` seeds it for the run and restores its state after
-(a private attribute, ``trio._core._run._r``; where it is missing the run is still
-correct, only not bit-for-bit repeatable).
+an RNG of its own, and wakes the waiters of a ``trio.Event`` in the order of a set (by
+memory address: different in each process); :func:`run_policy` seeds the RNG and turns
+on trio's deterministic scheduling (runnable tasks sorted by creation, then shuffled) for
+the run, and restores both after (private attributes, ``trio._core._run._r`` and
+``_ALLOW_DETERMINISTIC_SCHEDULING``; where they are missing the run is still correct,
+only not bit-for-bit repeatable).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Iterator
@@ -71,58 +75,105 @@ class Observed:
         busy_slot_s: server slot-seconds held within the window.
         batches: every batch consumed (the window and the cool-down).
         times: ``(prompt, sample) -> (generation start, end)`` of every finished sample.
-        population: the drawn length (tokens, capped) of every request the server started.
+        population: ``(prompt, drawn length)`` of every sample whose generation started,
+            once per sample (tokens, capped at ``max_new_tokens``; :meth:`SimBackend.draw`
+            of its first request: the length it has however it is cut into segments or re-run).
         decoded_tokens: tokens the server decoded in all (returned or lost).
+        decoded_by_prompt: of those, per prompt index (segments returned, and the tokens of
+            withdrawn requests: cut, cancelled, or still running when the run closed).
+        undecided: prompts with a request still running (withdrawn) when the run closed.
         preemptions: sequences the server preempted for KV room.
         window_rejected: episodes (groups) rejected within the window (stale ones, mostly).
         engine: the engine's statistics at the end, as a dict.
     """
 
     policy: str
+    settings: dict[str, Any] = field(default_factory=dict)
     window_s: float = math.nan
     busy_slot_s: float = math.nan
     batches: list[StepRecord] = field(default_factory=list)
     times: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
-    population: list[int] = field(default_factory=list)
+    population: list[tuple[int, int]] = field(default_factory=list)
     decoded_tokens: int = 0
+    decoded_by_prompt: dict[int, int] = field(default_factory=dict)
+    undecided: set[int] = field(default_factory=set)
     preemptions: int = 0
     window_rejected: int = 0
     engine: dict[str, Any] = field(default_factory=dict)
+
+
+class _CountingSim(SimBackend):
+    """The scenario's server: the sim, counting the tokens it decodes for each prompt
+    (:attr:`prompt_of` maps a request id to its prompt; the workflow fills it)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.prompt_of: dict[str, int] = {}
+        self.decoded: collections.Counter[int] = collections.Counter()
+        self.closing = False  # set when the trainer is done: what is withdrawn from then on was in flight
+        self.withdrawn_at_close: set[int] = set()
+
+    async def _generate(self, request: ModelRequest, budget: int) -> Any:
+        resp = await super()._generate(request, budget)
+        index = self.prompt_of.get(request.rid)
+        if index is not None:
+            self.decoded[index] += resp.output_len
+        return resp
+
+    def discarded(self, rid: str, tokens: int) -> None:
+        super().discarded(rid, tokens)
+        index = self.prompt_of.get(rid)
+        if index is not None:
+            self.decoded[index] += tokens
+            if self.closing:
+                self.withdrawn_at_close.add(index)
 
 
 class TailWorkflow(RolloutWorkflow):
     """One generation per episode (no reward: the scenario measures scheduling).
 
     The trajectory carries ``prompt_index [1] int32`` and ``sample_index [1] int32``;
-    :attr:`times` gets each sample's generation start and end (virtual seconds)."""
+    :attr:`times` gets each sample's generation start and end (virtual seconds),
+    :attr:`started` each sample's first request (a re-run sends the same one), and
+    ``prompt_of`` (when given) each request id's prompt index."""
 
-    def __init__(self, gconfig: GenerationHyperparameters, seed: int) -> None:
+    def __init__(self, gconfig: GenerationHyperparameters, seed: int, prompt_of: dict[str, int] | None = None) -> None:
         self.gconfig = gconfig
         self.seed = seed
         self.times: dict[tuple[int, int], tuple[float, float]] = {}
+        self.started: dict[tuple[int, int], ModelRequest] = {}
+        self.prompt_of = {} if prompt_of is None else prompt_of
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
         index, sample = int(data["index"]), sample_index.get()
         start = trio.current_time()
         gconfig = self.gconfig.new(seed=derive_seed(self.seed, index, sample, 0))
-        resp = await engine.agenerate(ModelRequest(input_ids=data["input_ids"], gconfig=gconfig))
+        request = ModelRequest(input_ids=data["input_ids"], gconfig=gconfig)
+        self.started.setdefault((index, sample), request)
+        self.prompt_of[request.rid] = index
+        resp = await engine.agenerate(request)
         first = self.times.get((index, sample), (start, start))[0]  # a re-run keeps the first start
         self.times[(index, sample)] = (first, trio.current_time())
         return build_trajectory([Injected(resp.input_tokens), Sampled(resp, 0)], 0.0,
                                 extra={"prompt_index": index, "sample_index": sample})
 
 
-def engine_config_for(cfg: TailConfig, policy: str) -> EngineConfig:
-    """The :class:`EngineConfig` of ``policy`` (a :data:`POLICIES` row).
+def engine_config_for(cfg: TailConfig, policy: str, settings: dict[str, Any] | None = None) -> EngineConfig:
+    """The :class:`EngineConfig` of ``policy`` (a :data:`POLICIES` row), with ``settings``
+    (more ``EngineConfig`` fields, e.g. a sweep's ``overprovision_ratio``) over the row's.
 
     Raises:
         PolicyUnavailable: the row names a setting this engine lacks (``scheduling="fcfs"``
             on an engine without the setting is today's behaviour and is dropped).
+        ValueError: ``settings`` for ``sync`` (no engine setting), or a bad value
+            (:class:`EngineConfig`'s own error, naming the field).
     """
     kwargs = POLICIES[policy]
     if kwargs is None:  # sync: one batch at a time, nothing runs ahead, nothing is stale
+        if settings:
+            raise ValueError(f"sync takes no engine settings, got {sorted(settings)}")
         return EngineConfig(consumer_batch_size=cfg.groups_per_step, max_concurrent_rollouts=cfg.groups_per_step)
-    kwargs = dict(kwargs)
+    kwargs = {**kwargs, **(settings or {})}
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     if "scheduling" not in names and kwargs.get("scheduling") == "fcfs":
         kwargs.pop("scheduling")
@@ -135,16 +186,22 @@ def engine_config_for(cfg: TailConfig, policy: str) -> EngineConfig:
 
 @contextmanager
 def _seeded_trio_scheduler(seed: int) -> Iterator[None]:
-    rng = getattr(getattr(getattr(trio, "_core", None), "_run", None), "_r", None)
-    if rng is None:  # pragma: no cover - another trio layout: correct, not repeatable
-        yield
+    run: Any = getattr(getattr(trio, "_core", None), "_run", None)
+    rng = getattr(run, "_r", None)
+    if rng is None or not hasattr(run, "_ALLOW_DETERMINISTIC_SCHEDULING"):  # pragma: no cover - another trio
+        yield  # layout: correct, not repeatable
         return
-    state = rng.getstate()
+    state, deterministic = rng.getstate(), run._ALLOW_DETERMINISTIC_SCHEDULING
     rng.seed(f"bench-tail:{seed}")
+    # trio's own switch (the one its Hypothesis plugin sets): each batch of runnable tasks is
+    # sorted by creation before the seeded shuffle, so an order that comes from a set of tasks
+    # (trio.Event wakes its waiters in set order, i.e. by address) does not reach the schedule
+    run._ALLOW_DETERMINISTIC_SCHEDULING = True
     try:
         yield
     finally:
         rng.setstate(state)
+        run._ALLOW_DETERMINISTIC_SCHEDULING = deterministic
 
 
 def _rows(batch: Any) -> list[tuple[int, int, int, int]]:
@@ -185,30 +242,35 @@ async def _train(cfg: TailConfig, engine: Any, workflow: TailWorkflow, items: li
             obs.window_rejected = engine.statistics().rejected
 
 
-def run_policy(cfg: TailConfig, policy: str) -> Observed:
-    """Run ``policy`` (a :data:`POLICIES` name) on ``cfg`` in virtual time; returns its
-    observations (deterministic for a given ``cfg``, see the module docstring).
+def run_policy(cfg: TailConfig, policy: str, settings: dict[str, Any] | None = None) -> Observed:
+    """Run ``policy`` (a :data:`POLICIES` name, with ``settings`` over its row:
+    :func:`engine_config_for`) on ``cfg`` in virtual time; returns its observations
+    (deterministic for a given ``cfg``, see the module docstring).
 
     Raises:
         PolicyUnavailable: this engine lacks the policy's settings.
         ValueError: the run ended before ``cfg.steps`` batches (too few prompts).
     """
-    config = engine_config_for(cfg, policy)
-    obs = Observed(policy)
+    config = engine_config_for(cfg, policy, settings)
+    obs = Observed(policy, settings=dict(settings or {}))
 
     async def main() -> None:
-        backend = SimBackend(cfg.sim, record=True)
+        backend = _CountingSim(cfg.sim)
         gconfig = GenerationHyperparameters(max_new_tokens=cfg.max_new_tokens,
                                             max_tokens=cfg.prompt_len_max + cfg.max_new_tokens)
-        workflow = TailWorkflow(gconfig, cfg.sim.seed)
+        workflow = TailWorkflow(gconfig, cfg.sim.seed, backend.prompt_of)
         items = [{"index": i, "input_ids": cfg.prompt(i)} for i in range(cfg.prompts)]
         async with open_rollout_engine(backend, config, reward_pool=InProcessRewardPool()) as engine:
             await _train(cfg, engine, workflow, items, obs, backend, sync=POLICIES[policy] is None)
             stats = engine.statistics()
+            backend.closing = True
         sim = backend.statistics()  # after close: what closing withdrew counts as lost
         obs.times = workflow.times
-        obs.population = [r.out_len for r in backend.requests]
+        obs.population = [(i, backend.draw(r.input_ids, r.validate(), gconfig_seed=r.gconfig.seed).n)
+                          for (i, _), r in sorted(workflow.started.items())]
         obs.decoded_tokens = sim.tokens_generated + sim.tokens_discarded
+        obs.decoded_by_prompt = dict(backend.decoded)
+        obs.undecided = set(backend.withdrawn_at_close)
         obs.preemptions = sim.preemptions
         obs.engine = {"accepted": stats.accepted, "rejected": stats.rejected, "failed": stats.failed,
                       "rejected_by_reason": dict(stats.rejected_by_reason),

@@ -102,7 +102,8 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
 
     Raises:
         ValueError: ``shards < 1``, ``track_episodes < 0``, an unknown ``shard_backend``, ``shard_timeout_s <=
-            stats_interval_s``, ``config.scheduling`` other than ``"fcfs"``, or ``backend``
+            stats_interval_s``, ``config.scheduling`` other than ``"fcfs"``, a ``config.scheduling_max_segments``, or
+            ``backend``
             cannot be pickled (the message names it).
         ShardStartError: (a ``RuntimeError``) a shard did not start (how it ended; its stderr is this
             process's), or Ray is missing for ``shard_backend="ray"``.
@@ -112,6 +113,10 @@ async def open_sharded_engine(backend: Any, config: EngineConfig | None = None, 
     if config.scheduling != "fcfs":
         raise ValueError(f"EngineConfig.scheduling={config.scheduling!r}: a sharded engine schedules first come, first "
                          "served only; use scheduling='fcfs' here, or one engine (open_rollout_engine) for a policy")
+    if config.scheduling_max_segments is not None:
+        raise ValueError(f"EngineConfig.scheduling_max_segments={config.scheduling_max_segments!r}: a sharded engine "
+                         "has no engine-wide dispatch bound (each shard would bound its own); leave it None here, or "
+                         "use one engine (open_rollout_engine)")
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise ValueError(f"shards must be an int >= 1, got {shards!r}")
     kind = shard_backend or ("ray" if ray_address is not None else "process")

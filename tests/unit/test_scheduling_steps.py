@@ -218,3 +218,6 @@ async def test_a_sharded_engine_refuses_a_scheduling_policy():
     with pytest.raises(ValueError, match="scheduling='fcfs'"):
         async with open_sharded_engine(SimBackend(), EngineConfig(scheduling="length_aware"), shards=2):
             pass
+    with pytest.raises(ValueError, match="scheduling_max_segments=8: a sharded engine has no engine-wide"):
+        async with open_sharded_engine(SimBackend(), EngineConfig(scheduling_max_segments=8), shards=2):
+            pass

@@ -180,3 +180,38 @@ async def test_a_withdrawn_request_counts_the_tokens_it_had_decoded_as_discarded
     assert stats.tokens_discarded == 7 and stats.tokens_generated == 0
     assert stats.sequences_running == 0
     assert stats.busy_slot_s == pytest.approx(7.3)
+
+
+# -- segments: a generation sent in chunks is the same generation ------------------------------------------
+@pytest.mark.parametrize("chunks", [[7], [7, 7], [5, 30], [20]])
+async def test_a_generation_sent_in_chunks_continues_its_draw(chunks, autojump_clock):
+    """The engine's chunked segments (``overprovision_chunk_tokens``, the ``length_aware`` probe) re-send
+    prompt + output so far under the same rid with a budget per chunk: the sim continues the first
+    segment's draw (length, tokens, the EOS) instead of drawing a new length per chunk."""
+    cfg = SimConfig(vocab_size=50, per_token_s=0.1, out_len_median=20, out_len_sigma=0.5, seed=5, max_running_seqs=4)
+    reference = SimBackend(cfg)
+    async with reference.open():
+        want = await reference.generate(_req(rid="r"), 1000)
+    assert 7 < want.output_len < 1000 and want.stop_reason == "stop"
+    backend = SimBackend(cfg)
+    tokens: list[int] = []
+    stops = []
+    async with backend.open():
+        for budget in [*chunks, 1000]:
+            resp = await backend.generate(_req(prompt=[5, 6, 7, *tokens], rid="r"), budget)
+            tokens += resp.output_tokens
+            stops.append(resp.stop_reason)
+            if resp.stop_reason == "stop":
+                break
+    assert tokens == want.output_tokens
+    assert stops[-1] == "stop" and set(stops[:-1]) <= {"length"}
+
+
+async def test_a_chunk_ending_exactly_at_the_draw_ends_the_generation_next(autojump_clock):
+    cfg = SimConfig(vocab_size=50, per_token_s=0.1, out_len_median=20, out_len_sigma=0.0, max_running_seqs=4)
+    backend = SimBackend(cfg)
+    async with backend.open():
+        first = await backend.generate(_req(rid="r"), 20)  # the draw is exactly 20 tokens: cut at the budget
+        rest = await backend.generate(_req(prompt=[5, 6, 7, *first.output_tokens], rid="r"), 980)
+    assert first.output_len == 20 and first.stop_reason == "length"
+    assert rest.output_len == 0 and rest.stop_reason == "stop"

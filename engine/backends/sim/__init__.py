@@ -46,7 +46,11 @@ times longer and it needs that many decode steps per token).  An
 tokens with stop reason ``"abort"`` (as a server does during a weight update);
 the engine resumes it with prompt + partial output and the sim serves the rest;
 :meth:`SimBackend.abort_request` does the same on demand (SGLang's ``/abort_request``):
-the request answers at once with the tokens decoded so far.
+the request answers at once with the tokens decoded so far.  A request cut at its
+budget (``"length"``) before its drawn length is a chunk: a next segment with the same
+``rid`` (prompt + output so far, as the engine's scheduling policies send them:
+``overprovision_chunk_tokens``, the ``length_aware`` probe) continues the same draw, so a
+generation has the same length and tokens however it is cut into segments.
 Token ids are slices of a seeded pool of 65536 ids uniform in
 ``[first_token_id, vocab_size)`` (or of ``SimBackend(token_pool=...)``), logprobs
 of a pool uniform in ``[-5, -0.01]``; a request that
@@ -64,7 +68,8 @@ executors the same work); by default draws come from one RNG seeded with
 schedule).
 
 Recording.  ``SimBackend(..., record=True)`` keeps one :class:`SimRequest` per
-original request (resumed segments are folded into it) in
+original request (resumed segments and chunks are folded into it; a chunked one's
+``out_len`` is its first segment's) in
 :attr:`SimBackend.requests`; :func:`simulate_makespan` replays them through the
 same server model with a zero-overhead client, which is how the benchmarks
 compute the ideal makespan.

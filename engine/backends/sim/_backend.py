@@ -7,6 +7,7 @@ each request parks once on it.  The per-request draws are :mod:`._draws`
 
 from __future__ import annotations
 
+import collections
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -37,10 +38,17 @@ from ._server_model import ServerModel, SimRequest
 __all__ = ["SimBackend", "SimStatistics"]
 
 
+#: continuations kept (:class:`_Resume`, oldest dropped first): a request cut at its budget
+#: that is never continued (a generation that reached its own cap) leaves one behind
+_MAX_RESUMES = 1 << 16
+
+
 @dataclass
 class _Resume:
+    """The rest of a draw: ``rest`` tokens from pool ``offset`` on, for the next segment
+    of the same rid (after an abort, or a chunk cut at its budget)."""
+
     rest: int
-    finished: bool
     offset: int
     multiplier: float
 
@@ -117,7 +125,7 @@ class SimBackend(PerRequestBackend):
             except ValueError as exc:
                 raise InvalidRequestError(str(exc)) from None
         self._seen: dict[int, int] = {}
-        self._resumes: dict[str, _Resume] = {}
+        self._resumes: collections.OrderedDict[str, _Resume] = collections.OrderedDict()
         self.record = record
         self.requests: list[SimRequest] = []
         self.errors_injected = 0
@@ -233,11 +241,11 @@ class SimBackend(PerRequestBackend):
             await live.done.wait()
         except BaseException:  # the caller withdrew: what the server decoded for it is lost
             if live.aborted_tokens is not None:
-                self.tokens_discarded += live.aborted_tokens
+                self.discarded(rid, live.aborted_tokens)
             elif times:
-                self.tokens_discarded += round(steps * rate)
+                self.discarded(rid, round(steps * rate))
             else:
-                self.tokens_discarded += int(model.cancel(trio.current_time(), seq))  # frees the slot
+                self.discarded(rid, int(model.cancel(trio.current_time(), seq)))  # frees the slot
                 self._wake_clock()
             raise
         finally:
@@ -245,6 +253,12 @@ class SimBackend(PerRequestBackend):
         if live.aborted_tokens is not None:
             return trio.current_time(), seq.decode_start, live.aborted_tokens
         return times[0], times[1], None
+
+    def discarded(self, rid: str, tokens: int) -> None:
+        """Request ``rid`` was withdrawn with ``tokens`` decoded: they count in
+        ``tokens_discarded``.  A hook: a subclass may attribute them (the tail benchmark
+        counts each prompt's tokens); sync, called once per withdrawn request."""
+        self.tokens_discarded += tokens
 
     def _wake_clock(self) -> None:
         """Move the clock's deadline earlier if the model's next event is now
@@ -271,13 +285,14 @@ class SimBackend(PerRequestBackend):
         start = trio.current_time()
         prompt_len = len(request.input_ids)
         resume = self._resumes.pop(request.rid, None)
-        if resume is not None:  # the rest of an aborted request
-            n, finished, offset, mult, outcome = resume.rest, resume.finished, resume.offset, resume.multiplier, OK
-            n = min(n, budget)
-            finished = finished and n == resume.rest
+        if resume is not None:  # the rest of an aborted request, or of one cut at its budget (a chunk)
+            n, offset, mult, outcome = min(resume.rest, budget), resume.offset, resume.multiplier, OK
+            finished = resume.rest < budget  # (the rule of a fresh draw: reaching the budget is "length")
+            beyond: int | None = resume.rest - n
         else:
             d = self.draw(request.input_ids, budget, gconfig_seed=request.gconfig.seed)
             n, finished, offset, mult, outcome = d.n, d.finished, d.offset, d.multiplier, d.outcome
+            beyond = None if d.wanted is None else max(d.wanted - n, 0)  # tokens past this budget (None: unknown)
             if mult > 1:
                 self.stragglers += 1
             if self.record:
@@ -293,7 +308,7 @@ class SimBackend(PerRequestBackend):
         if outcome == ABORT:
             self.aborts_injected += 1
             half = n // 2
-            self._resumes[request.rid] = _Resume(n - half, finished, offset + half, mult)
+            self._keep_rest(request.rid, _Resume(n - half + (beyond or 0), offset + half, mult))
             n, finished = half, False
         end, decode_start, aborted = await self._occupy(request.rid, prefill, n * mult, prompt_tokens=prompt_len,
                                                         rate=rate, priority=priority)
@@ -301,10 +316,11 @@ class SimBackend(PerRequestBackend):
         if aborted is not None:  # abort_request: the tokens so far; the resumed segment gets the rest
             self.requests_aborted += 1
             after = self._resumes.pop(request.rid, None)  # the rest of an injected abort, if any
-            rest = n - aborted + (after.rest if after is not None else 0)
-            self._resumes[request.rid] = _Resume(rest, after.finished if after is not None else finished,
-                                                 offset + aborted, mult)
+            rest = n - aborted + (after.rest if after is not None else beyond or 0)
+            self._keep_rest(request.rid, _Resume(rest, offset + aborted, mult))
             n, finished, stop_reason = aborted, False, "abort"
+        elif outcome == OK and not finished and beyond is not None:  # cut at the budget: a next segment continues
+            self._keep_rest(request.rid, _Resume(beyond, offset + n, mult))
         tokens, logprobs = completion(self._tok_pool, self._lp_pool, offset, n,
                                       cfg.eos_token_id if finished else None)
         ttft = decode_start - start + cfg.per_token_s * mult if decode_start == decode_start else end - start
@@ -317,6 +333,11 @@ class SimBackend(PerRequestBackend):
             latency=end - start,
             ttft=ttft,
         )
+
+    def _keep_rest(self, rid: str, rest: _Resume) -> None:
+        self._resumes[rid] = rest
+        if len(self._resumes) > _MAX_RESUMES:
+            self._resumes.popitem(last=False)
 
     def statistics(self) -> SimStatistics:
         model = self._model

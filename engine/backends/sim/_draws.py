@@ -90,6 +90,10 @@ class SimDraw:
         multiplier: latency multiplier (``straggler_multiplier`` or 1).
         outcome: :data:`OK`, :data:`ERROR` or :data:`ABORT`.
         key: :func:`prompt_key` of the prompt, when the draw needed it.
+        wanted: tokens the completion has before the budget's cap (``>= n``; None:
+            a draw that does not say, then taken as ``n``): a request cut by its budget
+            continues with the other ``wanted - n`` when the engine sends the next
+            segment (:class:`~engine.backends.sim.SimBackend`).
     """
 
     n: int
@@ -98,6 +102,7 @@ class SimDraw:
     multiplier: float
     outcome: str
     key: int | None = None
+    wanted: int | None = None
 
 
 def prompt_key(input_ids: Sequence[int]) -> int:
@@ -151,6 +156,7 @@ def draw(params: DrawParams, rng: random.Random, budget: int, *, key: int | None
         n = max(1, round(median))
     u_straggle, u_fail = rng.random(), rng.random()
     finished = n < budget
+    wanted = n
     n = max(min(n, budget), 0)
     multiplier = params.straggler_multiplier if u_straggle < params.straggler_fraction else 1.0
     outcome = OK
@@ -158,8 +164,8 @@ def draw(params: DrawParams, rng: random.Random, budget: int, *, key: int | None
         outcome = ERROR
     elif u_fail < params.error_fraction + params.abort_fraction and n >= 2:
         outcome = ABORT
-    offset = rng.randrange(POOL_SIZE - min(n, POOL_SIZE - 1))
-    return SimDraw(n, finished, offset, multiplier, outcome, key)
+    offset = rng.randrange(POOL_SIZE - min(wanted, POOL_SIZE - 1))  # (the uncapped length: chunks continue it)
+    return SimDraw(n, finished, offset, multiplier, outcome, key, wanted)
 
 
 def token_pools(seed: int, first_token_id: int, vocab_size: int) -> tuple[list[int], list[float]]:

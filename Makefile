@@ -111,8 +111,10 @@ bench-soak: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_soak.py
 
 # The long tail (issue 27, benchmarks/harness/tail_*.py): the scheduling policies, asynchronous FCFS and a
-# synchronous trainer on the same prompts and draws, on the simulated server in virtual time (~30 s on 2
-# cores); table + benchmarks/results/bench_tail.json.  TAIL_ARGS e.g. "--policies sync,fcfs --steps 40".
+# synchronous trainer on the same prompts and draws, on the simulated server in virtual time, seeds 0-4
+# (~3 min of CPU on 2 cores); table + benchmarks/results/bench_tail.json.  TAIL_ARGS e.g.
+# "--policies sync,fcfs --steps 40 --seeds 0" or "--max-head-offpolicyness 4".  The parameter sweep:
+# benchmarks/bench_tail_sweep.py (~15 min).
 TAIL_ARGS ?=
 
 bench-tail: $(VENV)/.installed

@@ -5,6 +5,11 @@ Why re-run rather than drop: TRL lines rewards up with completions by position a
 normalises them over consecutive blocks of ``num_generations``; a dropped sample would
 shift every later row onto the wrong prompt.  A re-run sample of the same prompt, under
 the same weights, is as good a member of its group as the one it replaces.
+
+What is not re-run: a sample that failed ``reward_error`` (:data:`FINAL_REASONS`).  The
+reward pool owns reward retries (``EngineConfig.reward_max_retries``, AReaL's policy); a
+re-run here would multiply them (a reward that always raises ran 3 x 4 = 12 times per
+sample, a new-user trial), so the call raises at once, naming the pool's attempt count.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ from ..errors import InvalidRequestError, RolloutError
 from ._trl_engine import BlockingEngine
 from ._trl_rows import completion_columns, is_conversational
 
-__all__ = ["Episodes", "Group", "IncompleteBatchError"]
+__all__ = ["FINAL_REASONS", "Episodes", "Group", "IncompleteBatchError"]
+
+#: Failure reasons the adapter does not run again: the layer below already retried them
+#: (the reward pool, under ``EngineConfig.reward_max_retries``).
+FINAL_REASONS = frozenset({"reward_error"})
 
 
 class IncompleteBatchError(RolloutError):
     """A prompt of a ``rollout_func`` call did not get all its completions within
-    ``max_attempts`` attempts per sample; the message names the prompt and the last reason."""
+    ``max_attempts`` attempts per sample, or a sample failed for a reason that is not run
+    again (:data:`FINAL_REASONS`); the message names the prompt and the last reason."""
 
 
 @dataclass(eq=False)
@@ -37,6 +47,7 @@ class Group:
     attempts: int = 1
     failure: str | None = None
     exhausted: bool = False
+    final: bool = False  # exhausted by a failure of FINAL_REASONS (not by max_attempts)
     pending: list[tuple[int, int]] = field(default_factory=list)  # (task id, samples asked)
 
 
@@ -49,6 +60,13 @@ def why(result: Any) -> str:
         _, reason, etype, message = result.member_errors[0]
         return f"failed ({reason}): {etype}: {message}".replace("\n", " ")
     return "rejected (workflow_returned_none)"
+
+
+def is_final(result: Any) -> bool:
+    """Whether a missing sample of ``result`` failed for one of :data:`FINAL_REASONS`."""
+    if result.status == "failed":
+        return str(result.reason) in FINAL_REASONS
+    return any(str(reason) in FINAL_REASONS for _, reason, _, _ in result.member_errors)
 
 
 def excerpt(prompt: Any, width: int = 60) -> str:
@@ -77,7 +95,8 @@ class Episodes:
         re-running missing samples; once all ended, raise for the first exhausted group.
 
         Raises:
-            IncompleteBatchError: a group lacks completions after ``max_attempts``.
+            IncompleteBatchError: a group lacks completions after ``max_attempts``, or a
+                sample failed for one of :data:`FINAL_REASONS`.
             InvalidRequestError: an episode returned more rows than samples asked.
             TimeoutError: ``deadline`` passed (the episodes still running stay in the engine).
         """
@@ -100,7 +119,9 @@ class Episodes:
             missing = asked - len(got)
             if missing:
                 g.failure = why(result)
-                if g.attempts >= max_attempts:
+                if is_final(result):  # retried below us already: not again
+                    g.exhausted = g.final = True
+                elif g.attempts >= max_attempts:
                     g.exhausted = True
                 else:
                     g.attempts += 1
@@ -109,6 +130,11 @@ class Episodes:
             if g.pending:
                 queue.append(g)
         for i, g in enumerate(groups):
+            if g.final:
+                raise IncompleteBatchError(
+                    f"rollout_func: prompt {i} ({excerpt(g.prompt)}) got {len(g.rows)} of {g.size} completions; "
+                    f"{g.failure}; not run again: the reward pool owns reward retries "
+                    "(EngineConfig.reward_max_retries): fix the reward function")
             if g.exhausted:
                 raise IncompleteBatchError(
                     f"rollout_func: prompt {i} ({excerpt(g.prompt)}) got {len(g.rows)} of {g.size} completions in "

@@ -26,7 +26,9 @@ call:
   with ``group_size=G``.  A sample that fails or is rejected is run again (up to
   ``TRLRolloutConfig.max_attempts`` attempts per sample); otherwise the call raises
   :class:`IncompleteBatchError` naming the prompt and the reason.  Never a short or
-  misaligned batch.
+  misaligned batch.  A sample whose reward failed (``reward_error``) is not run again:
+  the reward pool already retried it (``EngineConfig.reward_max_retries``), so the call
+  raises at once and the line names the pool's attempt count only.
 * **Data.** The workflow's data is the prompt's dataset row (every column TRL has, e.g.
   ``answer``; read from TRL's call stack, :mod:`._trl_rows`) plus the prompt: ``messages``
   for a conversational prompt (the workflow applies the chat template: TRL leaves it to the
@@ -87,7 +89,8 @@ class TRLRolloutConfig:
 
     Attributes:
         max_attempts: attempts per sample (>= 1): a failed or rejected sample runs again
-            until its prompt has ``G`` completions or a sample has used this many.
+            until its prompt has ``G`` completions or a sample has used this many (not a
+            ``reward_error``: the reward pool owns reward retries, ``EngineConfig.reward_max_retries``).
         call_timeout_s: bound of one call, weight sync excluded (seconds, > 0).
         max_staleness: generation calls the engine may run ahead of TRL (0: none).  With TRL's
             defaults one call is one optimizer step, so a sample is at most this many
@@ -168,7 +171,8 @@ class TRLRollout:
 
     Raises (from a call):
         InvalidRequestError: a check failed (one line naming the setting and the fix).
-        IncompleteBatchError: a prompt lacks completions after ``max_attempts``.
+        IncompleteBatchError: a prompt lacks completions after ``max_attempts``, or its
+            reward failed (after the reward pool's retries).
         TimeoutError: ``call_timeout_s`` passed (its samples keep running in the engine).
         BackendError: the weights could not be loaded (from ``engine.update_weights``).
         WorkflowError: (at construction) the workflow spec cannot be resolved.

@@ -4,7 +4,8 @@ backend (issue 30).
 
 Each test trains a few real GRPO steps (or calls the adapter with a real trainer) and checks
 what TRL receives: one completion per prompt entry, in order (also when a reward or a backend
-request fails once); token versions equal to the step (weights synced every step); the
+request fails once: the reward pool retries a reward, the adapter re-runs the sample of a failed
+request; a reward that always fails runs the pool's attempts only, then one error); token versions equal to the step (weights synced every step); the
 engine's logprobs equal to TRL's own recomputation after every optimizer step; ``env_mask``
 of a multi-turn workflow; the dataset's columns reaching the reward; eval calls; run-ahead;
 a trio-native engine; and the one-line error of each bad set-up.
@@ -12,6 +13,7 @@ a trio-native engine; and the one-line error of each bad set-up.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 
@@ -23,7 +25,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from engine import EngineConfig, GenerationHyperparameters, HFBackend, RolloutEngineThread, open_rollout_engine
-from engine.errors import BackendError, InvalidRequestError, RewardError
+from engine.errors import BackendError, InvalidRequestError
 from engine.integrations.trl import IncompleteBatchError, TRLRollout, TRLRolloutConfig, engine_reward, trl_prompt_ids
 from engine.testing import InProcessRewardPool, build_tiny_model
 from workflows.multi_turn import MultiTurnWorkflow
@@ -182,42 +184,77 @@ def test_folder_weight_sync_is_what_server_backends_get(tmp_path, tok, engine):
     assert sorted(p.name for p in weights.iterdir()) == ["step-1"]  # the previous step's folder is removed
 
 
-@pytest.mark.parametrize("fault", ["reward", "backend"])
-def test_rows_stay_aligned_when_a_sample_fails_once(tmp_path, tok, engine, backend, fault):
-    failed = []
+@pytest.fixture(scope="module")
+def pooled_engine(tiny, tok):
+    """An engine with the real reward pool (its retry policy: 4 attempts); rewards here are
+    ``async def`` (in-process, under the same policy, no worker processes)."""
+    backend = HFBackend(tiny, tok, device="cpu", dtype="float32")
+    with RolloutEngineThread(backend, EngineConfig(reward_max_retries=3)) as engine:
+        yield engine
 
-    def reward(prompt, completions, prompt_ids, completion_ids, answer, **data):
-        if fault == "reward" and answer == "5" and not failed:
-            failed.append(answer)
-            raise RewardError("injected: the reward failed once")
-        return float(answer)
 
-    rollout = TRLRollout(engine, rlvr(tok, reward))
+def test_rows_stay_aligned_when_a_backend_request_fails_once(tmp_path, tok, engine, backend):
+    rollout = TRLRollout(engine, rlvr(tok, answer_reward))
     trainer = trainer_for(tmp_path, tok, rollout, max_steps=2, per_device_train_batch_size=8,
                           dataset=chat_dataset(8))
-    if fault == "backend":
-        backend.fail = 1
+    backend.fail = 1
     trainer.train()
-    assert fault == "backend" and backend.fail == 0 or failed == ["5"]
+    assert backend.fail == 0
     for c in trainer.calls:  # each row's reward is its own row's answer: nothing shifted
         assert c["rewards"] == [float(a) for a in c["answers"]]
         assert len(c["rewards"]) == 8
-    assert rollout.statistics().samples_rerun == 1
+    assert rollout.statistics().samples_rerun == 1  # the adapter re-ran the sample
 
 
-def test_a_sample_that_keeps_failing_names_the_prompt_and_the_reason(tmp_path, tok, engine):
-    def reward(prompt, completions, prompt_ids, completion_ids, answer, **data):
-        if answer == "3":
-            raise RewardError("injected: no verifier for this row")
-        return 0.0
+def test_a_reward_that_fails_once_is_retried_by_the_reward_pool_not_the_adapter(tmp_path, tok, pooled_engine):
+    failed = []
 
-    rollout = TRLRollout(engine, rlvr(tok, reward), TRLRolloutConfig(max_attempts=2))
+    async def reward(prompt, completions, prompt_ids, completion_ids, answer, **data):
+        if answer == "5" and not failed:
+            failed.append(answer)
+            raise ValueError("injected: the reward failed once")
+        return float(answer)
+
+    rollout = TRLRollout(pooled_engine, rlvr(tok, reward))
+    trainer = trainer_for(tmp_path, tok, rollout, max_steps=2, per_device_train_batch_size=8,
+                          dataset=chat_dataset(8))
+    trainer.train()
+    assert failed == ["5"]
+    for c in trainer.calls:
+        assert c["rewards"] == [float(a) for a in c["answers"]] and len(c["rewards"]) == 8
+    assert rollout.statistics().samples_rerun == 0  # the pool's second attempt scored it
+
+
+def test_a_reward_that_always_raises_runs_the_pools_attempts_only_and_names_one_count(tmp_path, tok, pooled_engine):
+    """Regression (new-user trial): the pool retried it (4 attempts) and the adapter re-ran the
+    sample (3 attempts): 12 runs per sample, and "in 3 attempt(s)" beside "(attempt 4/4)" in one line."""
+    runs = collections.Counter()
+
+    async def reward(prompt, completions, prompt_ids, completion_ids, answer, **data):
+        runs[answer] += 1
+        raise ValueError("my reward is broken")
+
+    rollout = TRLRollout(pooled_engine, rlvr(tok, reward))
+    trainer = trainer_for(tmp_path, tok, rollout, max_steps=1)  # 2 prompts x G samples
+    with pytest.raises(IncompleteBatchError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert len(runs) == 2 and all(n <= 4 * G for n in runs.values()), runs  # the pool's 4 per sample (was 12)
+    assert "\n" not in message and "'question " in message and "my reward is broken" in message
+    assert "(attempt 4/4)" in message and "attempt(s)" not in message, message
+    assert "reward_max_retries" in message and "max_attempts" not in message, message
+    assert rollout.statistics().samples_rerun == 0
+
+
+def test_a_sample_that_keeps_being_rejected_names_the_prompt_and_the_reason(tmp_path, tok, engine):
+    rollout = TRLRollout(engine, rlvr(tok, answer_reward), TRLRolloutConfig(max_attempts=2),
+                         should_accept_fn=lambda traj: float(traj["rewards"][0]) != 3.0)
     trainer = trainer_for(tmp_path, tok, rollout, max_steps=1, per_device_train_batch_size=8)
     with pytest.raises(IncompleteBatchError) as info:
         trainer.train()
     message = str(info.value)
     assert "\n" not in message and "'question 3?'" in message and "in 2 attempt(s)" in message
-    assert "reward_error" in message and "no verifier for this row" in message
+    assert "rejected" in message and "TRLRolloutConfig(max_attempts=...)" in message
     assert rollout.statistics().samples_rerun == 2  # both samples of that prompt, once
 
 

@@ -19,7 +19,7 @@ import trio
 from tensordict import TensorDict
 
 from ._admission import Admission
-from ._breaker import FailureBreaker
+from ._breaker import BreakerTrip, FailureBreaker
 from ._collated import ITEMS_FIX, check_item
 from ._config import EngineConfig
 from ._ledger import Ledger
@@ -30,7 +30,7 @@ from .datastream import DataStream
 from .errors import DataExhaustedError, DatasetError, EpisodeFailuresError
 from .workflow import EngineRewards
 
-__all__ = ["PATIENCE_S", "BatchPipeline", "Feeder", "accepted_trajectories", "check_rewards"]
+__all__ = ["PATIENCE_S", "BatchPipeline", "Feeder", "accepted_batch", "accepted_trajectories", "check_rewards"]
 
 logger = logging.getLogger("rollout.engine.executor")  # the engine's log lines, wherever they come from
 
@@ -41,6 +41,37 @@ PATIENCE_S = 60.0
 def accepted_trajectories(results: Iterable[EpisodeResult]) -> list[TensorDict]:
     """The trajectories of the accepted results, in order."""
     return [r.trajectory for r in results if r.status == EpisodeStatus.ACCEPTED and r.trajectory is not None]
+
+
+def accepted_batch(where: str, results: list[EpisodeResult]) -> TensorDict:
+    """The accepted results' trajectories concatenated, in order (``where`` names the call).
+
+    Only rejected results give an empty batch (a filter may reject a whole batch on purpose:
+    AReaL's ``rollout_batch`` returns ``[]`` then).
+
+    Raises:
+        EpisodeFailuresError: none was accepted and some failed; names the counts by reason
+            and the first failures (the first of each distinct error, three at most); ``trip``
+            holds the counts.  Without it the caller got a batch with no keys and failed later, on a
+            ``KeyError`` far from the cause (a new-user trial).
+    """
+    accepted = accepted_trajectories(results)
+    failed = [r for r in results if r.status == EpisodeStatus.FAILED]
+    if accepted or not failed:
+        return concat_padded_tensors(accepted)
+    by_reason: dict[str, int] = {}
+    first: dict[tuple[Any, ...], EpisodeResult] = {}  # the first failure of each distinct error
+    for r in sorted(failed, key=lambda r: r.task_id):
+        by_reason[str(r.reason)] = by_reason.get(str(r.reason), 0) + 1
+        first.setdefault((r.reason, r.error_type, r.error_message), r)
+    examples = [f"task {r.task_id}: {r.error_type}: {' '.join(str(r.error_message).split())[:300]}"
+                for r in list(first.values())[:3]]
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(by_reason.items(), key=lambda kv: -kv[1]))
+    rejected = len(results) - len(failed)
+    rule = (f"none of {len(results)} episodes was accepted: {len(failed)} failed ({reasons})"
+            + (f", {rejected} rejected" if rejected else ""))
+    raise EpisodeFailuresError(f"{where}: {rule}; first failures: {'; '.join(examples)}",
+                               BreakerTrip(len(failed), len(results), by_reason, examples[0], rule))
 
 
 @dataclass(eq=False)
@@ -124,7 +155,7 @@ class BatchPipeline:
         results = self._calls.take([buffer.pop(i) for i in ids])
         if breaker.open and breaker.trips > trips:
             self._raise_breaker("rollout_batch")
-        return concat_padded_tensors(accepted_trajectories(results))
+        return accepted_batch("rollout_batch", results)
 
     async def prepare_batch(self, dataloader: Iterable[Any] | DataStream, workflow: Any,
                             workflow_kwargs: dict[str, Any] | None, should_accept_fn: Callable[..., Any] | None,
@@ -172,7 +203,7 @@ class BatchPipeline:
                         "items and every episode it fed has been returned")
                 rest = self._calls.take([buffer.pop_oldest() for _ in range(len(buffer))])
                 policy.handed_out()
-                return concat_padded_tensors(accepted_trajectories(rest))
+                return accepted_batch("prepare_batch", rest)
             raise TimeoutError(f"prepare_batch: fewer than {B} {'ended' if dynamic_bs else 'accepted'} results "
                                f"within {timeout} s{self._admission.why_waiting()}{breaker.recent_failures()}")
         taken: list[EpisodeResult] = []
@@ -183,7 +214,7 @@ class BatchPipeline:
         self._calls.take(taken)
         policy.handed_out()  # the step ends: a step policy cuts what still runs
         self._calls.refill()  # top the pipeline back up at once: the next batch generates while the trainer trains
-        return concat_padded_tensors(accepted_trajectories(taken))
+        return accepted_batch("prepare_batch", taken)
 
     def _raise_breaker(self, where: str) -> None:
         trip = self._breaker.trip

@@ -16,7 +16,8 @@
     │                                     timeout, client gone, proxy closed)
     ├── EpisodeTimeoutError               an episode ran past ``episode_timeout_s``
     ├── EpisodeFailuresError              recent episodes all failed (the failure breaker
-    │                                     opened); names the dominant reason
+    │                                     opened), or a batch call accepted none
+    │                                     because they failed; names the dominant reason
     └── DataExhaustedError                a one-pass dataloader has no more items
 
 Episode failures are recorded as data, not raised: each failed episode keeps a
@@ -108,7 +109,12 @@ class EpisodeFailuresError(RolloutError):
     """Recent episodes all failed, so the engine stopped submitting (its failure
     breaker opened: :mod:`engine._breaker`).  The message names the dominant failure
     reason with one example; ``trip`` holds the counts.  Calling ``prepare_batch``
-    again resumes submitting (fix the cause first)."""
+    again resumes submitting (fix the cause first).
+
+    Also raised by ``rollout_batch`` (and ``prepare_batch``) when the episodes it would
+    return hold none accepted and some failed: the message names the counts by reason
+    and the first failures; ``trip`` holds the counts (``rule``: ``"none of N episodes
+    was accepted: ..."``)."""
 
     def __init__(self, message: str, trip: object = None) -> None:
         super().__init__(message)

@@ -421,11 +421,15 @@ class RolloutEngine:
                             should_accept_fn: Callable[..., Any] | None = None, group_size: int = 1) -> TensorDict:
         """Submit every item, wait for all of them, and return the accepted
         trajectories concatenated (:func:`engine.data.concat_padded_tensors`), in
-        submission order.  Rejected and failed episodes are left out.
+        submission order.  Rejected and failed episodes are left out; when all were
+        rejected the batch is empty (AReaL's ``rollout_batch`` returns ``[]``).
 
         Raises:
             EpisodeFailuresError: the failure breaker opened (recent episodes all failed): this call's
                 episodes not yet started end as failed (``"cancelled"``); raised once the running ones ended.
+                Also when none was accepted and some failed (fewer than the breaker needs): the message
+                names the counts by reason and the first failures (**ours**: AReaL returns ``[]``, and
+                a trainer fails later on a ``KeyError``).
             DatasetError: ``items`` is a dict or a string, or an item is a batch (as :meth:`submit`).
         """
         return await self._batches.rollout_batch(items, workflow, workflow_kwargs, should_accept_fn, group_size)
@@ -465,7 +469,9 @@ class RolloutEngine:
                 message says why (paused, staleness bound, failures).
             EpisodeFailuresError: recent episodes all failed (the failure breaker
                 opened, see :class:`EngineConfig`); names the dominant reason with
-                one example.  The next call submits again.
+                one example.  The next call submits again.  Also when the results
+                it would return hold none accepted and some failed (``dynamic_bs``, or
+                the last partial batch of a one-pass dataloader), as :meth:`rollout_batch`.
             DataExhaustedError: the one-pass dataloader had no more items and all
                 its episodes were returned.
             DatasetError: the dataloader yields no items or a default-collated

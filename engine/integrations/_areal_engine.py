@@ -403,7 +403,14 @@ class AReaLInferenceEngine(InferenceEngine):
 
     def rollout_batch(self, data: list[dict[str, Any]], workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
                       group_size: int = 1) -> list[dict[str, Any]]:
-        """Submit every item, wait for all; the accepted groups' dicts in submission order."""
+        """Submit every item, wait for all; the accepted groups' dicts in submission order
+        (``[]`` when all were rejected, as AReaL).
+
+        Raises:
+            EpisodeFailuresError: none was accepted and some failed (**ours**: AReaL returns
+                ``[]``, and its trainer fails later on a ``KeyError``); the message names the
+                counts by reason and the first failures.  Or the engine's failure breaker opened.
+        """
         if workflow is None:
             raise ValueError("Workflow must be specified for rollout_batch.")
         episode = self._episode_workflow(workflow, workflow_kwargs, False)
@@ -419,7 +426,8 @@ class AReaLInferenceEngine(InferenceEngine):
 
         Raises:
             ValueError: the dataloader's ``batch_size`` differs from ``B``.
-            EpisodeFailuresError: recent episodes all failed (the engine's failure breaker).
+            EpisodeFailuresError: recent episodes all failed (the engine's failure breaker),
+                or (``dynamic_bs``) the ended groups hold none accepted and some failed.
         """
         if workflow is None:
             raise ValueError("Workflow must be specified for prepare_batch.")

@@ -126,6 +126,54 @@ async def test_rollout_batch_stops_when_the_breaker_opens(autojump_clock):
     _invariant(s)
 
 
+class Mixed(RolloutWorkflow):
+    """One generation; ``data["fail"]``: raise it, ``data["reject"]``: return None."""
+
+    async def arun_episode(self, engine, data):
+        resp = await engine.agenerate(ModelRequest(input_ids=[5, 6, 7]))
+        if "fail" in data:
+            raise data["fail"]
+        return None if data.get("reject") else trajectory_from_response(resp, float(data["i"]))
+
+
+async def test_a_rollout_batch_that_accepts_nothing_because_episodes_failed_raises_one_typed_error(autojump_clock):
+    """Regression (new-user trial): every episode of a small batch failed (fewer than the breaker
+    needs to open) and rollout_batch returned a TensorDict with no keys: the trainer died later,
+    on a KeyError far from the cause."""
+    items = [{"i": 0, "fail": KeyError("answer")}, {"i": 1, "fail": ValueError("bad\nrow")},
+             {"i": 2, "fail": KeyError("answer")}, {"i": 3, "reject": True}]
+    async with open_rollout_engine(_sim(), reward_pool=InProcessRewardPool()) as engine:
+        with pytest.raises(EpisodeFailuresError) as info:
+            await engine.rollout_batch(items[:3], Mixed())
+        assert str(info.value) == (
+            "rollout_batch: none of 3 episodes was accepted: 3 failed (workflow_error: 3); first failures: "
+            "task 0: KeyError: 'answer'; task 1: ValueError: bad row")
+        assert info.value.trip.by_reason == {"workflow_error": 3} and info.value.trip.seen == 3
+        with pytest.raises(EpisodeFailuresError, match=r"^rollout_batch: none of 2 episodes was accepted: 1 failed "
+                                                        r"\(workflow_error: 1\), 1 rejected; first failures: task 3: KeyError"):
+            await engine.rollout_batch(items[2:], Mixed())
+        assert (await engine.rollout_batch(items[3:], Mixed())).batch_size[0] == 0  # only rejected: AReaL's []
+        batch = await engine.rollout_batch([items[0], {"i": 7}], Mixed())  # one accepted: the batch, no error
+        assert batch["rewards"].tolist() == [7.0]
+        s = engine.statistics()
+    _invariant(s)
+    assert (s.accepted, s.rejected, s.failed) == (1, 2, 5)  # each episode ended once, as before
+
+
+def test_the_blocking_facade_raises_it_too():
+    with RolloutEngineThread(_sim(per_token_s=0.0), reward_pool=InProcessRewardPool()) as engine:
+        with pytest.raises(EpisodeFailuresError, match=r"^rollout_batch: none of 2 episodes was accepted"):
+            engine.rollout_batch([{"i": 0, "fail": KeyError("answer")}] * 2, Mixed())
+
+
+async def test_prepare_batch_with_dynamic_bs_that_accepts_nothing_raises_it_too(autojump_clock):
+    loader = [{"i": i, "fail": KeyError("answer")} for i in range(4)]
+    async with open_rollout_engine(_sim(), EngineConfig(consumer_batch_size=4, max_concurrent_rollouts=4),
+                                   reward_pool=InProcessRewardPool()) as engine:
+        with pytest.raises(EpisodeFailuresError, match=r"^prepare_batch: none of 4 episodes was accepted: 4 failed"):
+            await engine.prepare_batch(loader, Mixed(), dynamic_bs=True)
+
+
 def test_failure_breaker_rate_rule():
     from engine._breaker import FailureBreaker
     from engine.executor import EpisodeResult

@@ -27,7 +27,7 @@ from areal_rewards import failing_reward  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from engine import HFBackend  # noqa: E402
-from engine.errors import BackendError  # noqa: E402
+from engine.errors import BackendError, EpisodeFailuresError  # noqa: E402
 from engine.integrations.areal import AReaLEngineOptions, AReaLInferenceEngine  # noqa: E402
 from engine.testing import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
@@ -108,6 +108,21 @@ def test_a_failing_reward_drops_its_item_and_nothing_else(adapter, workflow, tok
     results = [adapter.wait_for_task(task_id, timeout=60) for task_id in reversed(ids)][::-1]
     assert results[1] is None
     assert [_group_prompt(results[i]) for i in (0, 2, 3)] == [_prompt_ids(tok, items[i]) for i in (0, 2, 3)]
+
+
+def test_a_rollout_batch_whose_items_all_fail_raises_one_error_naming_them(adapter, workflow):
+    """Regression (new-user trial): it returned ``[]``, and AReaL's trainer died later on a
+    KeyError (``concat_padded_tensors([])`` is ``{}``)."""
+    items = prompts(2, tag="f")
+    for i, item in enumerate(items):
+        item["fail"] = f"item {i}"
+    with pytest.raises(EpisodeFailuresError) as info:
+        adapter.rollout_batch(items, workflow=workflow, group_size=2)
+    message = str(info.value)
+    assert message.startswith("rollout_batch: none of 2 episodes was accepted: 2 failed (reward_error: 2)")
+    assert "reward raised for 'item 0'" in message and "\n" not in message
+    assert adapter.statistics().failed_by_reason == {"reward_error": 2}
+    assert len(adapter.rollout_batch(prompts(1, tag="g"), workflow=workflow, group_size=2)) == 1  # then on as before
 
 
 def test_a_backend_request_that_fails_once_drops_one_whole_group(adapter, workflow, backend, tok):

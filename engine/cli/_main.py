@@ -160,14 +160,20 @@ def _interrupted_line(summary: dict[str, Any], out: Path, backend: str | None = 
 
 
 def _done_line(summary: dict[str, Any]) -> str:
-    """The line a finished run prints: accepted of submitted (episodes an interrupted
-    segment cancelled, lost or never started were submitted again: said, so that they
-    do not read as failures; not all of them had started, so not "interrupted")."""
+    """The line a finished run prints: items accepted of the run's items (one episode of
+    ``--group-size`` samples each, over all segments), then the episodes submitted when an
+    interrupted segment's were submitted again (cancelled, lost or never started: said, so
+    that they do not read as failures; not all of them had started, so not "interrupted").
+    Episodes are not counted as items: with ``--group-size 2`` "32/48 episodes" read as 48
+    items of a 32-item run (a new-user trial)."""
+    from ._journal import RERUN_REASONS  # failed for want of a server: run again like the cancelled
+
+    failed = summary.get("failed_by_reason") or {}
     again_n = ((summary.get("lost") or 0) + (summary.get("cancelled") or 0)
-               + (summary.get("failed_by_reason") or {}).get("backend_unavailable", 0))
-    again = f" ({again_n} submitted again after an interruption)" if again_n else ""
+               + sum(failed.get(reason, 0) for reason in RERUN_REASONS))
+    again = f" ({summary['submitted']} episodes submitted, {again_n} again after an interruption)" if again_n else ""
     return (
-        f"{summary['accepted']}/{summary['submitted']} episodes accepted{again}, {summary['trajectories']} "
+        f"{summary['accepted']}/{summary['items']} items accepted{again}, {summary['trajectories']} "
         f"trajectories, reward mean {summary['reward_mean']:.3f}, {summary['generated_tokens']} tokens in "
         f"{summary['wall_seconds']:.1f} s ({summary['generated_tokens_per_second']:.1f} tok/s)"
     )

@@ -97,7 +97,8 @@ def test_the_only_server_killed_ends_the_run_at_the_window_and_resume_finishes_i
         code, printed, err = run_cli(["run", "--resume", str(out), "--server", fresh.wait_ready(), "--quiet"],
                                      capsys)
         assert code == 0, err
-        assert f"{ITEMS}/{2 * ITEMS - done} episodes accepted ({ITEMS - done} submitted again" in printed
+        assert (f"{ITEMS}/{ITEMS} items accepted ({2 * ITEMS - done} episodes submitted, {ITEMS - done} again "
+                "after an interruption)") in printed
     finally:
         first.kill()
         fresh.stop()

@@ -186,11 +186,11 @@ def test_sigterm_at_random_points_then_resume_gives_each_item_exactly_once(forks
     summary = _check_consistent(out, n_items, final=True)
     assert summary["cancelled"] > 0 and summary["lost"] == 0, summary["segments"]
     assert len(summary["segments"]) == segments
-    # the done line: accepted of all submissions, the repeats named; the others are one per item
+    # the done line: accepted of the items, then all submissions with the repeats named; the others are one per item
     again = summary["cancelled"] + summary["lost"]
     printed = (forkserver.logs / f"{forkserver.n}.out").read_text()
-    assert (f"{summary['accepted']}/{summary['submitted']} episodes accepted ({again} submitted again after an "
-            "interruption)") in printed, printed
+    assert (f"{summary['accepted']}/{n_items} items accepted ({summary['submitted']} episodes submitted, {again} "
+            "again after an interruption)") in printed, printed
     assert summary["submitted"] - again == n_items
 
 

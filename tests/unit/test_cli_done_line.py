@@ -1,5 +1,9 @@
 """The line ``rollout run`` prints at the end (``engine.cli._main._done_line``).
 
+Regression (new-user trial): after ``--resume`` of a ``--group-size 2`` run the line read
+"32/48 episodes accepted": users read 48 as dataset items (the run had 32); it counts the
+run's items now, and names the episodes submitted only when some were submitted again.
+
 Regression: after ``kill -9`` and ``--resume``, the line read "32/48 episodes
 accepted" for a run whose 32 items all ended accepted: the 16 episodes the killed
 segment had not committed (``lost``, run again) looked like 16 failures; the same
@@ -12,29 +16,42 @@ from __future__ import annotations
 
 from engine.cli._main import _done_line
 
-BASE = {"accepted": 32, "submitted": 48, "trajectories": 64, "reward_mean": 0.5, "generated_tokens": 1090,
+BASE = {"accepted": 32, "submitted": 48, "items": 32, "items_done": 32, "trajectories": 64, "reward_mean": 0.5, "generated_tokens": 1090,
         "wall_seconds": 2.7, "generated_tokens_per_second": 408.0}
 
 
 def test_lost_episodes_are_named() -> None:
     line = _done_line({**BASE, "lost": 16, "cancelled": 0})
-    assert line.startswith("32/48 episodes accepted (16 submitted again after an interruption), 64 trajectories")
+    assert line.startswith("32/32 items accepted (48 episodes submitted, 16 again after an interruption), "
+                           "64 trajectories")
 
 
 def test_cancelled_episodes_of_an_interrupted_segment_are_named() -> None:  # SIGINT, then --resume
     line = _done_line({**BASE, "submitted": 57, "lost": 0, "cancelled": 25})
-    assert line.startswith("32/57 episodes accepted (25 submitted again after an interruption), 64 trajectories")
+    assert line.startswith("32/32 items accepted (57 episodes submitted, 25 again after an interruption), "
+                           "64 trajectories")
 
 
 def test_no_lost_no_note() -> None:
     line = _done_line({**BASE, "submitted": 32, "lost": 0, "cancelled": 0})
-    assert line == ("32/32 episodes accepted, 64 trajectories, reward mean 0.500, 1090 tokens in 2.7 s "
+    assert line == ("32/32 items accepted, 64 trajectories, reward mean 0.500, 1090 tokens in 2.7 s "
                     "(408.0 tok/s)")
+
+
+def test_episodes_that_failed_for_want_of_a_server_count_as_submitted_again() -> None:
+    line = _done_line({**BASE, "submitted": 36, "lost": 0, "cancelled": 0,
+                       "failed_by_reason": {"backend_unavailable": 3, "backend_timeout": 1}})
+    assert line.startswith("32/32 items accepted (36 episodes submitted, 4 again after an interruption), ")
+
+
+def test_items_not_episodes_are_counted_when_some_were_not_accepted() -> None:
+    line = _done_line({**BASE, "accepted": 29, "submitted": 40, "lost": 8, "cancelled": 0})  # 3 failed
+    assert line.startswith("29/32 items accepted (40 episodes submitted, 8 again after an interruption), ")
 
 
 def test_the_note_does_not_say_interrupted_of_episodes_that_never_started() -> None:
     line = _done_line({**BASE, "submitted": 40, "lost": 0, "cancelled": 8})  # queued when SIGINT came
-    assert "interrupted and run again" not in line and "(8 submitted again after an interruption)" in line
+    assert "interrupted and run again" not in line and "(40 episodes submitted, 8 again after an interruption)" in line
 
 
 def test_the_interrupt_line_counts_the_items_left_not_the_episodes_cancelled_over_segments() -> None:

@@ -14,11 +14,26 @@ no trace is sent anywhere; nothing process-wide is set).  A run that ends early
 (``MaxTurnsExceeded``, a turn cut by the token budget: the SDK raises on an
 ``incomplete`` response, or no budget left) keeps its interactions; the last completion is
 scored.  The rest is :class:`~workflows._framework_agent.FrameworkMathAgent`.
+
+A turn cut by the token budget is an outcome of ours, not a model error: the proxy answers
+it as the Responses API does (``status="incomplete"``, ``incomplete_details.reason =
+"max_output_tokens"``), the episode's last completion has ``stop_reason "length"``
+(``is_truncated``), and the end of the run is logged at debug level as "ended by the token
+budget".  The SDK raises on such a response and logs "Error getting response" (or "Error
+streaming response") at ERROR on its own logger, ``openai.agents``; that record is dropped
+by a :class:`logging.Filter` on that logger which acts only inside this workflow's runs (a
+context variable) and only on the budget cut (any other model error is still the SDK's to
+log).  The filter is there while runs are in flight and removed after the last one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
+import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ._framework_agent import FrameworkMathAgent, calculator
@@ -26,6 +41,52 @@ from ._framework_agent import FrameworkMathAgent, calculator
 __all__ = ["AgentsSDKMathWorkflow"]
 
 logger = logging.getLogger(f"rollout.{__name__}")
+
+_SDK_LOGGER = "openai.agents"  # the Agents SDK's own logger (agents/logger.py)
+_in_run: contextvars.ContextVar[bool] = contextvars.ContextVar("agents_sdk_math_run", default=False)
+
+
+def _budget_cut(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the SDK's error for a response our token budget cut: it raises
+    ``ModelBehaviorError`` on ``status="incomplete"``, naming ``incomplete_details``."""
+    from agents.exceptions import ModelBehaviorError
+
+    return isinstance(exc, ModelBehaviorError) and "max_output_tokens" in str(exc)
+
+
+class _BudgetCutFilter(logging.Filter):
+    """Drops the SDK's error record of a budget cut, inside this workflow's runs only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _in_run.get() or record.levelno < logging.ERROR:
+            return True
+        # the SDK redacts exc_info by default (DONT_LOG_MODEL_DATA); it logs inside its except block
+        exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return not _budget_cut(exc)
+
+
+_filter = _BudgetCutFilter()
+_filter_lock = threading.Lock()  # engines may run their asyncio loops in several threads
+_filter_users = 0
+
+
+@contextlib.contextmanager
+def _sdk_budget_cuts_unlogged() -> Iterator[None]:
+    """For the block (a run, in its asyncio task): the SDK's record of a budget cut is dropped."""
+    global _filter_users
+    token = _in_run.set(True)
+    with _filter_lock:
+        if not _filter_users:
+            logging.getLogger(_SDK_LOGGER).addFilter(_filter)
+        _filter_users += 1
+    try:
+        yield
+    finally:
+        with _filter_lock:
+            _filter_users -= 1
+            if not _filter_users:
+                logging.getLogger(_SDK_LOGGER).removeFilter(_filter)
+        _in_run.reset(token)
 
 
 class AgentsSDKMathWorkflow(FrameworkMathAgent):
@@ -52,13 +113,18 @@ class AgentsSDKMathWorkflow(FrameworkMathAgent):
                       model=OpenAIResponsesModel(model="default", openai_client=client))
         config = RunConfig(tracing_disabled=True)
         try:
-            if self.streamed:
-                run = Runner.run_streamed(agent, question, max_turns=self.max_turns, run_config=config)
-                async for _ in run.stream_events():
-                    pass
-            else:
-                await Runner.run(agent, question, max_turns=self.max_turns, run_config=config)
+            with _sdk_budget_cuts_unlogged():
+                if self.streamed:
+                    run = Runner.run_streamed(agent, question, max_turns=self.max_turns, run_config=config)
+                    async for _ in run.stream_events():
+                        pass
+                else:
+                    await Runner.run(agent, question, max_turns=self.max_turns, run_config=config)
         except (AgentsException, openai.BadRequestError) as exc:  # the run ended early: score what it wrote
-            logger.debug("agents sdk run ended early: %s: %s", type(exc).__name__, exc)
+            if _budget_cut(exc):
+                logger.debug("agents sdk run ended by the token budget (max_new_tokens / max_tokens): its last "
+                             "completion has stop_reason 'length' and is scored")
+            else:
+                logger.debug("agents sdk run ended early: %s: %s", type(exc).__name__, exc)
         finally:
             await client.close()

@@ -14,11 +14,13 @@ sockets and a real thread: the real clock, no autojump."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import trio
 
-from engine import EngineConfig, GenerationHyperparameters, HFBackend, open_rollout_engine
+from engine import BackendError, EngineConfig, GenerationHyperparameters, HFBackend, open_rollout_engine
 from engine.openai.agent_session import shared_proxy
 from engine.testing import InProcessRewardPool, build_tiny_model, build_tiny_tokenizer
 from openai_fixtures import ScriptedBackend, tool_call_text
@@ -89,12 +91,33 @@ async def test_a_langgraph_react_agent_streaming_messages_is_token_exact(respons
     assert "<|im_start|>tool\n5<|im_end|>" in tok.decode(backend.log[1][0])
 
 
-async def test_an_agent_cut_by_the_token_budget_keeps_its_interactions():
+@pytest.mark.parametrize("streamed", [False, True], ids=["Runner.run", "Runner.run_streamed"])
+async def test_an_agent_cut_by_the_token_budget_keeps_its_interactions_and_says_budget(streamed, caplog):
+    """Regression (new-user trial): the SDK logged a bare "Error getting response" (its own
+    logger, at ERROR) for the turn our budget cut; the cut is ours to name, at debug level."""
+    caplog.set_level(logging.DEBUG, logger="rollout.workflows.agents_sdk_math")
+    sdk_filters = list(logging.getLogger("openai.agents").filters)
     tok = build_tiny_tokenizer()
     backend = ScriptedBackend(tok, ["x" * 200])  # longer than max_new_tokens: the SDK sees an incomplete response
-    result, stats, pstats = await _run_one(_agent(AgentsSDKMathWorkflow, tok), backend)
+    result, stats, pstats = await _run_one(_agent(AgentsSDKMathWorkflow, tok, streamed=streamed), backend)
     assert result.status == "accepted" and result.trajectory["is_truncated"].tolist() == [True]
     assert result.trajectory["rewards"].tolist() == [0.0] and (pstats.ended, pstats.abandoned) == (1, 0)
+    sdk = [r for r in caplog.records if r.name.startswith("openai.agents") and r.levelno >= logging.WARNING]
+    assert sdk == [], [r.getMessage() for r in sdk]
+    ours = [r.getMessage() for r in caplog.records if r.name == "rollout.workflows.agents_sdk_math"]
+    assert any("token budget" in m and "'length'" in m for m in ours), ours
+    assert logging.getLogger("openai.agents").filters == sdk_filters  # nothing left installed
+
+
+async def test_a_real_model_error_is_still_the_sdks_to_log(caplog):
+    class Failing(ScriptedBackend):
+        async def generate(self, request, budget):
+            raise BackendError("injected: the server went away")
+
+    tok = build_tiny_tokenizer()
+    result, _, _ = await _run_one(_agent(AgentsSDKMathWorkflow, tok), Failing(tok))
+    assert result.status == "failed"
+    assert any(r.name == "openai.agents" and r.levelno == logging.ERROR for r in caplog.records)
 
 
 @pytest.mark.slow

@@ -41,8 +41,10 @@ thread and no loop per agent), with ``await run_asyncio(engine, agent_fn, *args)
 The engine's loop is opened on the first call and closed when the engine closes
 (:meth:`engine.RolloutEngine.shared_resource`); :func:`open_asyncio_loop` opens one of
 your own.  Cancelling the trio caller cancels the asyncio task and waits for it (at most
-``cancel_grace_s``); errors raised in the asyncio task reach the trio caller with their own
-type.  Nothing process-wide is changed: the loop is the worker thread's own
+``cancel_grace_s``); the cancel lands one loop pass after it reaches the loop, so tasks the
+call had just created take their first step before it (cancelled before that, a task drops
+the coroutine it wraps unawaited).  Errors raised in the asyncio task reach the trio caller
+with their own type.  Nothing process-wide is changed: the loop is the worker thread's own
 (``asyncio.set_event_loop`` there only), no signal handler, no policy.
 """
 
@@ -238,8 +240,14 @@ class AsyncioLoop:
             fut.add_done_callback(finished)
 
         def cancel() -> None:  # in the asyncio thread
+            # one loop pass later: the first steps of the tasks that the task's last step created
+            # are queued already and run first.  A task cancelled before its first step never
+            # awaits the coroutine it was given as an argument: the Agents SDK's
+            # create_task(preserve_tool_task_cancellation(run_single_turn(...))) warned
+            # "coroutine 'run_single_turn' was never awaited" when a cancel from trio came while
+            # the step that created it ran.
             if task:
-                task[0].cancel()
+                self._loop.call_soon(task[0].cancel)
 
         try:
             self._loop.call_soon_threadsafe(start)

@@ -15,6 +15,7 @@ sockets and a real thread: the real clock, no autojump."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -118,6 +119,43 @@ async def test_a_real_model_error_is_still_the_sdks_to_log(caplog):
     result, _, _ = await _run_one(_agent(AgentsSDKMathWorkflow, tok), Failing(tok))
     assert result.status == "failed"
     assert any(r.name == "openai.agents" and r.levelno == logging.ERROR for r in caplog.records)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["Runner.run", "Runner.run_streamed"])
+async def test_an_episode_timeout_while_the_agent_starts_leaves_no_coroutine_unawaited(streamed):
+    """Regression (new-user trial: "RuntimeWarning: coroutine 'run_single_turn' was never
+    awaited" after an episode timeout; every warning fails a test).  The agent's first step (the
+    SDK's first import took ~1.5 s) runs until the episode's cancel has reached the asyncio loop;
+    the SDK then creates its turn's task (a wrapper of run_single_turn) and awaits it."""
+    from engine.aio import LOOP_KEY, open_asyncio_loop
+
+    entered, cancel_sent = threading.Event(), threading.Event()
+
+    class SlowStart(AgentsSDKMathWorkflow):
+        async def run_agent(self, *args):
+            entered.set()
+            cancel_sent.wait(BOUND_S)  # a long first step: the cancel arrives meanwhile
+            return await super().run_agent(*args)
+
+    tok = build_tiny_tokenizer()
+    with trio.fail_after(BOUND_S):
+        async with open_rollout_engine(ScriptedBackend(tok, SCRIPT), EngineConfig(episode_timeout_s=0.5),
+                                       reward_pool=InProcessRewardPool()) as engine:
+            await shared_proxy(engine)  # opened before: the timeout falls inside the agent's first step
+            loop = await engine.shared_resource(LOOP_KEY, open_asyncio_loop)
+            send = loop._loop.call_soon_threadsafe
+
+            def spy(fn, *args):  # how the episode's cancel reaches the loop (engine.aio.AsyncioLoop.run)
+                handle = send(fn, *args)
+                if fn.__name__ == "cancel":
+                    cancel_sent.set()
+                return handle
+
+            loop._loop.call_soon_threadsafe = spy
+            task_id = engine.submit(dict(ITEM), _agent(SlowStart, tok, streamed=streamed))
+            result = await engine.wait_for_task(task_id)
+    assert entered.is_set() and cancel_sent.is_set()
+    assert (result.status, result.reason) == ("failed", "episode_timeout")
 
 
 @pytest.mark.slow

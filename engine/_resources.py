@@ -12,7 +12,9 @@ is closed (its context manager exits) when the engine closes, after its episodes
 have ended and its backend has closed, in the reverse order of opening.  Opening
 is serialized per key: concurrent first calls wait for one opening, and a
 failed opening raises in the caller whose call opened it (the next call tries
-again).  A resource runs in the context of whoever opened the engine, not of the
+again).  A resource still opening when the engine closes (its asker was
+cancelled meanwhile: an episode timeout) is closed as soon as it is open, and
+the close waits for it.  A resource runs in the context of whoever opened the engine, not of the
 episode that asked for it first.
 """
 
@@ -74,8 +76,12 @@ class EngineResources:
                     reply: list[outcome.Outcome[Any]], done: trio.Event) -> None:
         stop, closed = trio.Event(), trio.Event()
         try:
+            if self._closed:  # asked before the close, spawned after it: not opened
+                raise trio.ClosedResourceError("the engine is closed; its shared resources are gone")
             self._values[key] = await self._nursery.start(self._hold, opener, stop, closed)
             self._held.append((stop, closed))
+            if self._closed:  # the close ran while this opened (its asker was cancelled): close it now
+                stop.set()
             reply.append(outcome.Value(None))
         except Exception as exc:  # noqa: BLE001 - handed to the caller that asked
             reply.append(outcome.Error(exc))

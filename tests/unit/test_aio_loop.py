@@ -73,6 +73,48 @@ async def test_cancelling_the_trio_caller_cancels_the_asyncio_task():
             assert scope.cancelled_caught and seen == ["cancelled"] and started.is_set()
 
 
+async def test_a_cancel_that_comes_during_a_step_lets_the_tasks_that_step_created_start_first():
+    """Regression (new-user trial: "RuntimeWarning: coroutine 'run_single_turn' was never
+    awaited" on an episode timeout): the Agents SDK creates a task over a wrapper of a coroutine
+    and awaits it (``create_task(preserve_tool_task_cancellation(run_single_turn(...)))``); a
+    cancel that came from trio while that step ran cancelled the new task before its first step,
+    so the wrapped coroutine was never awaited (the step was the SDK's first import, ~1.5 s)."""
+    entered, release = threading.Event(), threading.Event()
+    started, cancelled = [], []
+
+    async def turn():
+        started.append("turn")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append("turn")
+            raise
+
+    async def wrapper(awaitable):
+        return await awaitable
+
+    async def sdk_like():
+        entered.set()
+        release.wait(BOUND_S)  # a long step (an import, the SDK's set-up) while the cancel arrives
+        await asyncio.create_task(wrapper(turn()))
+
+    scope = trio.CancelScope()
+
+    async def call(loop):
+        with scope:
+            await loop.run(sdk_like)
+
+    with trio.fail_after(BOUND_S):
+        async with open_asyncio_loop() as loop:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, loop)
+                await trio.to_thread.run_sync(entered.wait, BOUND_S)
+                scope.cancel()
+                await trio.testing.wait_all_tasks_blocked()  # the cancel is queued in the asyncio loop
+                release.set()
+    assert scope.cancelled_caught and started == ["turn"] and cancelled == ["turn"]
+
+
 async def test_a_task_that_ignores_cancellation_is_waited_for_a_bounded_time_only():
     release = threading.Event()
 
@@ -206,3 +248,32 @@ async def test_a_shared_resource_runs_in_the_engines_context_not_the_first_asker
         async with open_rollout_engine(_backend(), reward_pool=InProcessRewardPool()) as engine:
             var.set("episode")
             assert await engine.shared_resource("ctx", cm) == "engine"
+
+
+async def test_a_resource_still_opening_when_the_engine_closes_is_closed_too(autojump_clock):
+    """Regression (found with an episode timeout of 0.05 s on the agents path): the episode that
+    asked for the shared proxy timed out while the proxy was still starting, the engine closed
+    then, and the proxy, opened after the close had run, was never closed: the close hung."""
+    log = []
+
+    @asynccontextmanager
+    async def slow():
+        log.append("open")
+        await trio.sleep(5)  # a server starting (the proxy: imports, binding)
+        yield "slow"
+        log.append("close")
+
+    class Asks(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            await engine.shared_resource("slow", slow)
+
+    from engine import EngineConfig
+
+    with trio.fail_after(BOUND_S):
+        async with open_rollout_engine(_backend(), EngineConfig(episode_timeout_s=1.0),
+                                       reward_pool=InProcessRewardPool()) as engine:
+            result = await engine.wait_for_task(engine.submit({}, Asks()))
+        assert (result.status, result.reason) == ("failed", "episode_timeout")
+    assert log == ["open", "close"]
+    with pytest.raises(trio.ClosedResourceError):  # and after the close, nothing opens
+        await engine.shared_resource("late", slow)

@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.errors import WorkflowError
-from engine.imports import resolve_reward_fn
-from engine.types import GenerationHyperparameters
-from engine.workflow import EpisodeEngine, RolloutWorkflow
+from engine.workflow import EpisodeEngine
 
 from .base import sample_gconfig
-from ._samples import check_max_turns, check_turn_discount, gather_samples
-from ._text import decode
-from .math_agent import DEFAULT_SYSTEM_PROMPT, CalculatorError, calculate
+from ._samples import gather_samples
+from .math_agent import CalculatorError, MathAgentBase, calculate
 
 __all__ = ["FrameworkMathAgent", "calculator"]
 
@@ -48,7 +44,7 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
-class FrameworkMathAgent(RolloutWorkflow):
+class FrameworkMathAgent(MathAgentBase):
     """GSM8K with a calculator tool, written with an asyncio agent framework.
 
     Args:
@@ -74,32 +70,12 @@ class FrameworkMathAgent(RolloutWorkflow):
     #: the modules the framework needs (checked at construction: one clear error, not one per episode)
     requires: tuple[str, ...] = ()
 
-    def __init__(self, reward_fn: Callable[..., Any] | str, gconfig: GenerationHyperparameters, tokenizer: Any,
-                 max_turns: int = 4, turn_discount: float = 1.0, export_style: str = "concat",
-                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, tool_parser: Any = "hermes",
-                 enable_thinking: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
-        from engine.openai.interaction import EXPORT_STYLES
-
+    def _check_installed(self) -> None:
+        """The framework's modules (:attr:`requires`) can be imported, else one :class:`WorkflowError`."""
         missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
         if missing:
             raise WorkflowError(f"{type(self).__name__} needs the agent frameworks it is written with ({', '.join(missing)} "
                                 "not found): pip install 'trio-rollout[agents]'")
-        self.max_turns, self.turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
-        if export_style not in EXPORT_STYLES:
-            raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
-        if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.reward_fn = resolve_reward_fn(reward_fn)
-        self.tokenizer = tokenizer
-        self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
-        self.gconfig.validate()
-        self.export_style, self.system_prompt, self.tool_parser = export_style, system_prompt, tool_parser
-        kwargs = dict(chat_template_kwargs or {})
-        if enable_thinking is not None:
-            kwargs["enable_thinking"] = enable_thinking
-        self.chat_template_kwargs = kwargs
 
     async def run_agent(self, base_url: str, api_key: str, question: str) -> None:
         """The framework's run (asyncio code, in the engine's asyncio loop): the agent
@@ -107,17 +83,8 @@ class FrameworkMathAgent(RolloutWorkflow):
         session's ``api_key``.  Subclasses implement it."""
         raise NotImplementedError
 
-    def _question(self, data: Mapping[str, Any]) -> str:
-        question = data.get("question")
-        if isinstance(question, str):
-            return question
-        users = [m for m in data.get("messages") or () if m.get("role") == "user"]
-        if not users:
-            raise KeyError(f"{type(self).__name__}: the dataset item has neither 'question' nor a user message")
-        return str(users[-1]["content"])
-
     async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any] | None:
-        question = self._question(data)
+        question = str(self._question_of(data))
         results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data, question, i))
         merged = {k: v for r in results for k, v in r.items()}
         return merged or None
@@ -133,10 +100,4 @@ class FrameworkMathAgent(RolloutWorkflow):
         last = session.cache.last
         if last is None:
             raise RuntimeError(f"{type(self).__name__}: the agent made no model call")
-        answer = last.output_message.get("content") or ""
-        resp = last.response
-        scored = await engine.reward_pool.score(self.reward_fn, decode(self.tokenizer, resp.input_tokens, False),
-                                                answer, resp.input_tokens, resp.output_tokens, **data)
-        session.set_last_reward(scored.reward)
-        session.apply_reward_discount(self.turn_discount)
-        return session.export_interactions(self.export_style)
+        return await self._scored(engine, session, last.output_message.get("content") or "", data)

@@ -151,7 +151,81 @@ def _run_tool(name: str, arguments: str) -> str:
         return f"error: {exc}"
 
 
-class MathAgentWorkflow(RolloutWorkflow):
+class MathAgentBase(RolloutWorkflow):
+    """What the GSM8K calculator agents share (:class:`MathAgentWorkflow`, the framework agents
+    of :mod:`workflows._framework_agent`): the constructor's checks and attributes, and the
+    question of a dataset item.  The arguments are :class:`MathAgentWorkflow`'s; subclasses
+    hook in with :meth:`_check_installed` (first) and :meth:`_tool_parser` (last).
+
+    Raises:
+        ValueError: ``max_turns < 1``, ``turn_discount`` outside ``[0, 1]`` or an unknown
+            ``export_style``.
+        RewardError: ``reward_fn`` cannot be resolved.
+        InvalidRequestError: ``gconfig`` is out of range.
+    """
+
+    def __init__(self, reward_fn: Callable[..., Any] | str, gconfig: GenerationHyperparameters, tokenizer: Any,
+                 max_turns: int = 4, turn_discount: float = 1.0, export_style: str = "concat",
+                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, tool_parser: Any = "hermes",
+                 enable_thinking: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+        from engine.openai.interaction import EXPORT_STYLES
+
+        self._check_installed()
+        max_turns, turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
+        if export_style not in EXPORT_STYLES:
+            raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.reward_fn = resolve_reward_fn(reward_fn)
+        self.tokenizer = tokenizer
+        self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+        self.gconfig.validate()
+        self.max_turns, self.turn_discount, self.export_style = max_turns, turn_discount, export_style
+        self.system_prompt = system_prompt
+        self.tool_parser = self._tool_parser(tool_parser)
+        kwargs = dict(chat_template_kwargs or {})
+        if enable_thinking is not None:
+            kwargs["enable_thinking"] = enable_thinking
+        self.chat_template_kwargs = kwargs
+
+    def _check_installed(self) -> None:
+        """Called first by the constructor: raise if what the agent needs is missing."""
+
+    def _tool_parser(self, tool_parser: Any) -> Any:
+        """``tool_parser`` as the agent keeps it (as given here)."""
+        return tool_parser
+
+    def _question_of(self, data: Mapping[str, Any]) -> Any:
+        """``data["question"]`` when it is a string, else the content of the last user message
+        of ``data["messages"]``.
+
+        Raises:
+            KeyError: the item has neither.
+        """
+        question = data.get("question")
+        if isinstance(question, str):
+            return question
+        users = [m for m in data.get("messages") or () if m.get("role") == "user"]
+        if not users:
+            raise KeyError(f"{type(self).__name__}: the dataset item has neither 'question' nor a user message")
+        return users[-1]["content"]
+
+    async def _scored(self, engine: EpisodeEngine, client: Any, answer: str, data: dict[str, Any]) -> dict[str, Any]:
+        """The sample's interactions, its last completion scored: ``reward_fn(its prompt decoded,
+        answer, its prompt ids, its output ids, **data)``, the reward set on it and discounted
+        over the earlier turns (``client``: an :class:`~engine.openai.EngineOpenAI` or an
+        :class:`~engine.openai.AgentSession`, with a completion)."""
+        resp = client.cache.last.response
+        scored = await engine.reward_pool.score(self.reward_fn, decode(self.tokenizer, resp.input_tokens, False),
+                                                answer, resp.input_tokens, resp.output_tokens, **data)
+        client.set_last_reward(scored.reward)
+        client.apply_reward_discount(self.turn_discount)
+        return client.export_interactions(self.export_style)
+
+
+class MathAgentWorkflow(MathAgentBase):
     """GSM8K with a calculator tool, through the engine's OpenAI-compatible client.
 
     Args:
@@ -186,41 +260,14 @@ class MathAgentWorkflow(RolloutWorkflow):
         RewardError: ``reward_fn`` cannot be resolved.
     """
 
-    def __init__(self, reward_fn: Callable[..., Any] | str, gconfig: GenerationHyperparameters, tokenizer: Any,
-                 max_turns: int = 4, turn_discount: float = 1.0, export_style: str = "concat",
-                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, tool_parser: Any = "hermes",
-                 enable_thinking: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
-        from engine.openai.interaction import EXPORT_STYLES
+    def _tool_parser(self, tool_parser: Any) -> Any:
         from engine.openai.tool_calls import resolve_tool_parser
 
-        max_turns, turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
-        if export_style not in EXPORT_STYLES:
-            raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
-        if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.reward_fn = resolve_reward_fn(reward_fn)
-        self.tokenizer = tokenizer
-        self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
-        self.gconfig.validate()
-        self.max_turns, self.turn_discount, self.export_style = max_turns, turn_discount, export_style
-        self.system_prompt = system_prompt
-        self.tool_parser = resolve_tool_parser(tool_parser)
-        kwargs = dict(chat_template_kwargs or {})
-        if enable_thinking is not None:
-            kwargs["enable_thinking"] = enable_thinking
-        self.chat_template_kwargs = kwargs
+        return resolve_tool_parser(tool_parser)
 
     def _opening(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
-        question = data.get("question")
-        if not isinstance(question, str):
-            users = [m for m in data.get("messages") or () if m.get("role") == "user"]
-            if not users:
-                raise KeyError("MathAgentWorkflow: the dataset item has neither 'question' nor a user message")
-            question = users[-1]["content"]
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, {"role": "user", "content": question}]
+        return [*system, {"role": "user", "content": self._question_of(data)}]
 
     async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]) -> dict[str, Any] | None:
         results = await gather_samples(self.gconfig.n_samples, lambda i: self._sample(engine, data, i))
@@ -249,12 +296,6 @@ class MathAgentWorkflow(RolloutWorkflow):
             for call in message.tool_calls:
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": _run_tool(call.function.name, call.function.arguments)})
-        last = client.cache.last
-        if last is None:  # the loop above made at least one completion (turn 0 re-raises)
+        if client.cache.last is None:  # the loop above made at least one completion (turn 0 re-raises)
             raise RuntimeError("MathAgentWorkflow: no completion was recorded")
-        resp = last.response
-        scored = await engine.reward_pool.score(self.reward_fn, decode(self.tokenizer, resp.input_tokens, False),
-                                                final, resp.input_tokens, resp.output_tokens, **data)
-        client.set_last_reward(scored.reward)
-        client.apply_reward_discount(self.turn_discount)
-        return client.export_interactions(self.export_style)
+        return await self._scored(engine, client, final, data)

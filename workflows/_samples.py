@@ -1,17 +1,18 @@
 """What the built-in workflows share: the ``n_samples`` fan-out of one episode, and the
-checks of the constructor arguments that several of them take."""
+checks and conversions of the constructor arguments that several of them take."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import trio
 
 from engine.data import concat_padded_tensors
 
-__all__ = ["check_max_turns", "check_turn_discount", "gather_samples", "sample_rows"]
+__all__ = ["check_max_turns", "check_turn_discount", "gather_samples", "load_tokenizer", "sample_rows",
+           "template_kwargs"]
 
 T = TypeVar("T")
 
@@ -64,3 +65,22 @@ def check_max_turns(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"max_turns must be an int >= 1, got {value!r}")
     return value
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer`` itself, or for a string (a path or a Hub name) the tokenizer
+    ``transformers.AutoTokenizer.from_pretrained`` loads from it."""
+    if isinstance(tokenizer, str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(tokenizer)
+    return tokenizer
+
+
+def template_kwargs(chat_template_kwargs: Mapping[str, Any] | None, enable_thinking: bool | None) -> dict[str, Any]:
+    """The chat template's keyword arguments: a copy of ``chat_template_kwargs`` with
+    ``enable_thinking`` set when it is not None."""
+    kwargs = dict(chat_template_kwargs or {})
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+    return kwargs

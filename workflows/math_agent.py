@@ -40,7 +40,7 @@ from engine.types import GenerationHyperparameters
 from engine.workflow import EpisodeEngine, RolloutWorkflow
 
 from .base import sample_gconfig
-from ._samples import check_max_turns, check_turn_discount, gather_samples
+from ._samples import check_max_turns, check_turn_discount, gather_samples, load_tokenizer, template_kwargs
 from ._text import decode
 
 __all__ = ["CALCULATOR_TOOL", "CalculatorError", "DEFAULT_SYSTEM_PROMPT", "MathAgentWorkflow", "calculate"]
@@ -174,10 +174,7 @@ class MathAgentBase(RolloutWorkflow):
         max_turns, turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
         if export_style not in EXPORT_STYLES:
             raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
-        if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
         self.reward_fn = resolve_reward_fn(reward_fn)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
@@ -185,10 +182,7 @@ class MathAgentBase(RolloutWorkflow):
         self.max_turns, self.turn_discount, self.export_style = max_turns, turn_discount, export_style
         self.system_prompt = system_prompt
         self.tool_parser = self._tool_parser(tool_parser)
-        kwargs = dict(chat_template_kwargs or {})
-        if enable_thinking is not None:
-            kwargs["enable_thinking"] = enable_thinking
-        self.chat_template_kwargs = kwargs
+        self.chat_template_kwargs = template_kwargs(chat_template_kwargs, enable_thinking)
 
     def _check_installed(self) -> None:
         """Called first by the constructor: raise if what the agent needs is missing."""

@@ -38,7 +38,7 @@ from engine.types import GenerationHyperparameters, ModelRequest
 from engine.workflow import EpisodeEngine, RolloutWorkflow
 
 from .base import sample_gconfig
-from ._samples import check_max_turns, check_turn_discount, sample_rows
+from ._samples import check_max_turns, check_turn_discount, load_tokenizer, sample_rows, template_kwargs
 from ._text import decode
 
 __all__ = ["DEFAULT_FEEDBACK", "MultiTurnWorkflow"]
@@ -104,20 +104,14 @@ class MultiTurnWorkflow(RolloutWorkflow):
         max_turns, turn_discount = check_max_turns(max_turns), check_turn_discount(turn_discount)
         if not isinstance(feedback, str):
             raise ValueError(f"feedback must be a string, got {type(feedback).__name__}")
-        if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
         self.reward_fn = resolve_reward_fn(reward_fn)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.max_turns = max_turns
         self.turn_discount = turn_discount
         self.feedback = feedback
-        kwargs = dict(chat_template_kwargs or {})
-        if enable_thinking is not None:
-            kwargs["enable_thinking"] = enable_thinking
-        self.chat_template_kwargs = kwargs
+        self.chat_template_kwargs = template_kwargs(chat_template_kwargs, enable_thinking)
         self._sample_cfg = self.gconfig.new(n_samples=1)
 
     async def arun_episode(self, engine: EpisodeEngine, data: dict[str, Any]):

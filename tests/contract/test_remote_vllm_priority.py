@@ -13,11 +13,6 @@ that schedules by them; ``scheduling="length_aware"`` runs on both.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-from pathlib import Path
-
 import httpx
 import pytest
 
@@ -25,60 +20,25 @@ from engine import EngineConfig, ModelRequest, open_rollout_engine
 from engine.backends.remote import make_remote_backend
 from engine.trajectory import trajectory_from_response
 from engine.types import GenerationHyperparameters as G
+from vllm_server import PROMPT, TIER_OPTIONS, make_tiny_model, require_vllm, vllm_server
 from workflows import RolloutWorkflow
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
-TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
-
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-PROMPT = [257, 104, 105, 258, 10, 257]  # <|im_start|> "hi" <|im_end|> "\n" <|im_start|>
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
-        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
-                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
-    folder = tmp_path_factory.mktemp("vllm-priority") / "tiny-llama"
-    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(folder)], check=True,
-                   capture_output=True, timeout=300)
-    return folder
-
-
-def _serve(model_dir, run_dir, *extra):
-    port = _free_port()
-    env = {**os.environ, "VLLM_CPU_RUN_DIR": str(run_dir)}
-    started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
-                              "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                              "--max-model-len", "2048", "--no-enable-chunked-prefill", *extra],
-                             capture_output=True, text=True, env=env, timeout=420)
-    if started.returncode != 0:
-        pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
-    return started.stdout.strip(), port, env
-
-
-def _stop(port, env):
-    subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(port)], env=env, capture_output=True,
-                   timeout=120)
+    require_vllm()
+    return make_tiny_model(tmp_path_factory.mktemp("vllm-priority") / "tiny-llama")
 
 
 @pytest.fixture(scope="module", params=["priority", "fcfs"])
 def server(request, model_dir, tmp_path_factory):
     """``(url, policy)`` of a server scheduling by ``policy``."""
     extra = ("--scheduling-policy", "priority") if request.param == "priority" else ()
-    url, port, env = _serve(model_dir, tmp_path_factory.mktemp(f"run-{request.param}"), *extra)
-    try:
-        yield url, request.param
-    finally:
-        _stop(port, env)
+    with vllm_server(tmp_path_factory.mktemp(f"run-{request.param}"), model_dir, *TIER_OPTIONS, "--max-model-len",
+                     "2048", "--no-enable-chunked-prefill", *extra) as started:
+        yield started.url, request.param
 
 
 def _completion(url, priority):

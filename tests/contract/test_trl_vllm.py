@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
-import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
@@ -35,11 +32,8 @@ from engine.backends.remote import WORKER_EXTENSION, make_remote_backend, vllm_w
 from engine.errors import BackendError
 from engine.integrations.trl import TRLRollout, TRLRolloutConfig, engine_reward
 from engine.testing import InProcessRewardPool
+from vllm_server import PROMPT, ROOT, TIER_OPTIONS, make_tiny_model, require_vllm, vllm_server
 from workflows.rlvr import RLVRWorkflow
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
-TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
 
 pytestmark = [
     pytest.mark.vllm, pytest.mark.slow,
@@ -59,13 +53,6 @@ pytestmark = [
 TOLERANCE = 1e-4
 STALE_AT_LEAST = 0.1  # nats: the start-up weights' logprobs vs the server's, from step 1 on
 G = 2  # num_generations
-PROMPT = [257, 104, 105, 258, 10, 257]  # <|im_start|> "hi" <|im_end|> "\n" <|im_start|>
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)
@@ -81,28 +68,14 @@ def vllm(tmp_path_factory):
     if os.environ.get("TRIO_ROLLOUT_VLLM_URL"):
         yield os.environ["TRIO_ROLLOUT_VLLM_URL"].rstrip("/"), os.environ["TRIO_ROLLOUT_VLLM_MODEL_DIR"]
         return
-    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
-        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
-                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
+    require_vllm()
     root = tmp_path_factory.mktemp("vllm-trl")
-    model_dir = root / "tiny-llama"
-    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(model_dir)], check=True,
-                   capture_output=True, timeout=300)
+    model_dir = make_tiny_model(root / "tiny-llama")
     (root / "cwd").mkdir()
-    port = _free_port()
-    env = {**os.environ, "VLLM_CPU_RUN_DIR": str(root), "PYTHONPATH": vllm_worker_dir()}
-    started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model_dir), str(port),
-                              "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                              "--max-model-len", "2048", "--no-enable-chunked-prefill",
-                              "--worker-extension-cls", WORKER_EXTENSION],
-                             cwd=root / "cwd", capture_output=True, text=True, env=env, timeout=420)
-    if started.returncode != 0:
-        pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
-    try:
-        yield started.stdout.strip(), str(model_dir)
-    finally:
-        subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(port)], env=env, capture_output=True,
-                       timeout=120)
+    with vllm_server(root, model_dir, *TIER_OPTIONS, "--max-model-len", "2048", "--no-enable-chunked-prefill",
+                     "--worker-extension-cls", WORKER_EXTENSION, env={"PYTHONPATH": vllm_worker_dir()},
+                     cwd=root / "cwd") as server:
+        yield server.url, str(model_dir)
 
 
 @pytest.fixture(scope="module")

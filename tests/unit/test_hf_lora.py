@@ -5,7 +5,9 @@ teacher-forced against transformers + peft."""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import threading
 
 import pytest
@@ -212,3 +214,98 @@ async def test_later_versions_reuse_a_dropped_slot_and_sample_their_own_weights(
         assert r.output_versions == [version] * 6
         lp = torch.tensor(r.output_logprobs)
         assert (lp - _teacher_forced(_peft(tiny_dir, adapter), prompt, r.output_tokens)).abs().max() < 1e-4
+
+
+async def test_two_tenants_each_serve_their_own_adapter_and_versions(tiny_dir, adapters, tmp_path, reward_pool):
+    """Multi-tenant on the hf backend: one engine (one in-process model) per tenant, each with
+    its own ``lora_name`` and versions; both generate at once while each takes its own
+    updates, and each one's tokens are peft's under its own version (teacher-forced).
+
+    Regression: the two tenants' first updates injected their peft adapters at once, in two
+    worker threads; peft's low_cpu_mem_usage injection swaps ``nn.Module.register_parameter``
+    process-wide, the swaps interleaved and left it swapped: parameters made afterwards were
+    on the meta device and a request failed with a NaN log-probability (3 runs out of 3)."""
+    register_parameter = torch.nn.Module.register_parameter
+    a, b = adapters
+    c, d = (build_tiny_lora(tiny_dir, tmp_path / name, seed=seed) for name, seed in (("c", 3), ("d", 4)))
+    plans = {"tenant-a": [a, b, a, b], "tenant-b": [c, d]}  # the adapter of each version, by tenant
+    g = GenerationHyperparameters(max_new_tokens=6, ignore_eos=True)
+    results = {t: [] for t in plans}
+    async with open_rollout_engine(HFBackend(tiny_dir, device=DEVICE, dtype="float32", lora=a, lora_name="tenant-a"),
+                                   reward_pool=reward_pool) as engine_a, \
+            open_rollout_engine(HFBackend(tiny_dir, device=DEVICE, dtype="float32", lora=c, lora_name="tenant-b"),
+                                reward_pool=reward_pool) as engine_b:
+        engines = {"tenant-a": engine_a, "tenant-b": engine_b}
+        prompt = _prompt(engine_a.backend.tokenizer, "tenants")
+
+        async def tenant(name):
+            engine = engines[name]
+            for version, adapter in enumerate(plans[name]):
+                if version:
+                    await engine.update_weights(adapter, version=version)
+                results[name].append(await engine.agenerate(ModelRequest(input_ids=prompt, gconfig=g,
+                                                                         lora_name=name)))
+
+        async with trio.open_nursery() as nursery:
+            for name in plans:
+                nursery.start_soon(tenant, name)
+        stats = {name: engine.statistics().backend.lora for name, engine in engines.items()}
+        with pytest.raises(InvalidRequestError, match="'tenant-b' is not an adapter this backend serves"):
+            await engine_a.agenerate(ModelRequest(input_ids=prompt, gconfig=g, lora_name="tenant-b"))
+    assert stats["tenant-a"].current == {"tenant-a": "tenant-a-v3"} and stats["tenant-a"].unloads == 3
+    assert stats["tenant-b"].current == {"tenant-b": "tenant-b-v1"} and stats["tenant-b"].unloads == 1
+    for name, plan in plans.items():
+        for version, (adapter, r) in enumerate(zip(plan, results[name])):
+            assert r.output_versions == [version] * 6
+            lp = torch.tensor(r.output_logprobs)
+            assert (lp - _teacher_forced(_peft(tiny_dir, adapter), prompt, r.output_tokens)).abs().max() < 1e-4
+    other = torch.tensor(results["tenant-b"][0].output_logprobs) - _teacher_forced(
+        _peft(tiny_dir, a), prompt, results["tenant-b"][0].output_tokens)
+    assert other.abs().max() > 1e-2  # tenant-a's adapter gives other logprobs: the check can tell the tenants apart
+    assert torch.nn.Module.register_parameter is register_parameter  # torch as it was (process-wide)
+
+
+async def test_two_backends_never_inject_peft_adapters_at_once(tiny_dir, adapters, tmp_path, reward_pool,
+                                                             monkeypatch):
+    """Regression (found by the two-tenant test above, 1 run in 2 there): two hf backends'
+    updates at once ran peft's adapter injection in two threads at once, which leaves
+    ``nn.Module.register_parameter`` swapped process-wide.  Here the injections are made to
+    overlap when they can (each waits up to 1 s inside for the other to arrive: without the
+    lock both arrive, with it the first waits alone); none may overlap."""
+    import peft
+
+    a, b = adapters
+    c = build_tiny_lora(tiny_dir, tmp_path / "c", seed=3)
+    register_parameter = torch.nn.Module.register_parameter
+    inside, most, arrived, guard = [0], [0], threading.Event(), threading.Lock()
+    add_adapter = peft.PeftModel.add_adapter
+
+    def rendezvous(self, *args, **kwargs):
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            if inside[0] == 2:
+                arrived.set()
+        arrived.wait(1.0)  # the other injection, if it can run now
+        try:
+            return add_adapter(self, *args, **kwargs)
+        finally:
+            with guard:
+                inside[0] -= 1
+
+    monkeypatch.setattr(peft.PeftModel, "add_adapter", rendezvous)
+    g = GenerationHyperparameters(max_new_tokens=4, ignore_eos=True)
+    async with open_rollout_engine(HFBackend(tiny_dir, device=DEVICE, dtype="float32", lora=a, lora_name="tenant-a"),
+                                   reward_pool=reward_pool) as engine_a, \
+            open_rollout_engine(HFBackend(tiny_dir, device=DEVICE, dtype="float32", lora=c, lora_name="tenant-b"),
+                                reward_pool=reward_pool) as engine_b:
+        async with trio.open_nursery() as nursery:  # each one's first update injects a second slot
+            nursery.start_soon(functools.partial(engine_a.update_weights, b, version=1))
+            nursery.start_soon(functools.partial(engine_b.update_weights, a, version=1))
+        assert torch.nn.Module.register_parameter is register_parameter
+        prompt = _prompt(engine_a.backend.tokenizer, "after")
+        for engine in (engine_a, engine_b):
+            r = await engine.agenerate(ModelRequest(input_ids=prompt, gconfig=g))
+            assert r.output_versions == [1] * 4 and all(math.isfinite(lp) for lp in r.output_logprobs)
+            assert not any(p.is_meta for p in engine.backend.model.parameters())
+    assert most[0] == 1

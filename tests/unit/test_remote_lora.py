@@ -140,7 +140,7 @@ async def test_a_name_taken_on_the_server_is_named(tmp_path, reward_pool):
     fake = FakeVLLM()
     fake.loras["lora-v0"] = str(_adapter(tmp_path, "someone-else"))
     backend = _backend("vllm", {A: fake}, tmp_path, lora=_adapter(tmp_path, "v0"))
-    with pytest.raises(BackendError, match="already been loaded.*another run or another client"):
+    with pytest.raises(BackendError, match="name 'lora' is in use on http://fake-a:1 by another client .*unload it"):
         async with open_rollout_engine(backend, reward_pool=reward_pool):
             pass
 

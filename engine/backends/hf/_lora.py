@@ -13,11 +13,17 @@ the model at such a moment too (:meth:`HFAdapters.drop_retired`), never while a 
 computes.
 
 peft is imported only here, and only when an adapter is served (``pip install
-'trio-rollout[lora]'``).
+'trio-rollout[lora]'``).  peft's ``low_cpu_mem_usage`` injection (its ``init_empty_weights``)
+replaces ``torch.nn.Module.register_parameter`` process-wide while it runs; two injections at
+once in two threads (two ``hf`` backends in one process, e.g. one engine per tenant, each
+loading an update) interleave their swaps and leave it replaced, so that every parameter
+made afterwards, in any model, lands on the meta device (NaN log-probabilities were the
+symptom).  So every load here holds one process-wide lock (:data:`_PEFT_LOCK`).
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -26,6 +32,9 @@ from ..lora import AdapterLease, AdapterVersions, AdapterWeights, check_adapter
 from ._model import LoadedModel
 
 __all__ = ["HFAdapters", "import_peft"]
+
+#: held by every adapter load of every backend in the process (see the module docstring)
+_PEFT_LOCK = threading.Lock()
 
 
 def import_peft() -> Any:
@@ -91,6 +100,10 @@ class HFAdapters:
         """
         peft = import_peft()
         check_adapter(adapter, where="the hf backend", base_model=self.base_model_name(), check_base=self.check_base)
+        with _PEFT_LOCK:
+            self._load(peft, adapter, served_name)
+
+    def _load(self, peft: Any, adapter: AdapterWeights, served_name: str) -> None:
         key = _config_key(adapter.config)
         slot = next((s for s in self._free if self._slot_config[s] == key), None)
         if slot is not None and self._copy_into(slot, adapter):

@@ -415,6 +415,7 @@ class RemoteBackend(PerRequestBackend):
         path = self.wire.generate_path
         timeout = self.timeouts.attempt_timeout_s
         self.pool.begin(server, cost)
+        self.control.begin(wire_id, server.url)
         eject_scope = trio.CancelScope()
         server.attempt_scopes.add(eject_scope)
         try:
@@ -444,6 +445,7 @@ class RemoteBackend(PerRequestBackend):
         finally:
             server.attempt_scopes.discard(eject_scope)
             self.pool.end(server, cost)
+            self.control.end(wire_id)
 
     async def _abort_shielded(self, server: Server, wire_id: str) -> None:
         """Tell ``server`` to stop working on ``wire_id``; runs even while being cancelled."""
@@ -501,15 +503,30 @@ class RemoteBackend(PerRequestBackend):
         """:meth:`pause_generation` with the engine's mode names (``"abort"``, and
         ``"in_place"`` as this server calls it: the wire protocol's ``sync_pause_modes``).
 
+        A backend that serves a LoRA adapter pauses no server: every update it takes is an
+        adapter update, which needs only its own requests back, so it closes its gate and
+        aborts its own requests in flight by id (:meth:`PoolControl.pause_client
+        <._control.PoolControl.pause_client>`); the servers go on serving their other
+        clients (other tenants' adapters, other runs).  ``"in_place"`` then only closes
+        the gate (and the update refuses the mode).
+
         Raises:
             InvalidRequestError: unknown mode.
             BackendError: a server failed to pause (the client side stays paused).
         """
         check_sync_mode(f"{self.kind} backend pause", mode)
+        if self.adapters is not None:
+            await self.control.pause_client(mode, abort_timeout_s=self.timeouts.abort_timeout_s,
+                                            timeout_s=self.timeouts.control_timeout_s)
+            return
         await self.pause_generation(self.wire.sync_pause_modes[mode])
 
     async def resume(self) -> None:
-        """:meth:`continue_generation` on every healthy server, then the client."""
+        """:meth:`continue_generation` on every healthy server, then the client (after a
+        client-only :meth:`pause`: the client only)."""
+        if self.control.client_only:
+            self.control.open_client()
+            return
         await self.continue_generation()
 
     def serves_adapter(self, source: Any) -> bool:

@@ -3,10 +3,15 @@
 
 Pausing closes the gate (nothing is sent while paused: a request sent to a paused vLLM
 would block) and pauses every healthy server; continuing resumes them, then opens the gate
-(even if a server failed).  A weight update sends the wire protocol's calls in order to
-every healthy server; a server that fails a step (or is ejected at the time) is ejected and
-marked stale, and the same calls are replayed to it before the health probes re-admit it
-(:meth:`PoolControl.replay`), so no server serves old weights under the new version.
+(even if a server failed).  A client-only pause (:meth:`PoolControl.pause_client`, what a
+LoRA adapter update needs) closes the gate and aborts only this client's own requests in
+flight, by id: the servers keep serving their other clients (other tenants, other runs),
+which a server-wide pause would abort or block.
+
+A weight update sends the wire protocol's calls in order to every healthy server; a server
+that fails a step (or is ejected at the time) is ejected and marked stale, and the same calls
+are replayed to it before the health probes re-admit it (:meth:`PoolControl.replay`), so no
+server serves old weights under the new version.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from ._wire import WireCall, WireProtocol
 __all__ = ["PoolControl", "checkpoint_folder", "raise_if_any"]
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
+
+#: seconds between two rounds of aborts of a client-only pause (an abort that reached the
+#: server before its request did is a no-op there; the next round catches the request)
+ABORT_ROUND_S = 0.25
 
 
 def raise_if_any(kind: str, errors: dict[str, RemoteCallError], what: str) -> None:
@@ -80,6 +89,9 @@ class PoolControl:
         self._unpaused = trio.Event()
         self._unpaused.set()
         self._weight_update: list[WireCall] | None = None  # the last update's calls, replayed to stale servers
+        self._client_only = False  # the pause on now is pause_client's (resume touches no server)
+        self._in_flight: dict[str, str] = {}  # wire id -> server URL of this client's attempts
+        self._returned = trio.Event()  # set when an attempt ends (a client-only pause waits on it)
 
     @property
     def paused(self) -> bool:
@@ -90,6 +102,82 @@ class PoolControl:
         """Return once the client-side pause is off."""
         while self._paused:
             await self._unpaused.wait()
+
+    @property
+    def client_only(self) -> bool:
+        """The pause on now is :meth:`pause_client`'s: no server is paused."""
+        return self._paused and self._client_only
+
+    def begin(self, wire_id: str, url: str) -> None:
+        """An attempt with ``wire_id`` goes to ``url`` (what :meth:`pause_client` aborts)."""
+        self._in_flight[wire_id] = url
+
+    def end(self, wire_id: str) -> None:
+        """The attempt with ``wire_id`` returned (answered, failed or cancelled)."""
+        if self._in_flight.pop(wire_id, None) is not None:
+            self._returned.set()
+
+    def _close_gate(self, *, client_only: bool) -> None:
+        self.epoch += 1
+        if not self._paused:
+            self._paused = True
+            self._unpaused = trio.Event()
+            self._client_only = client_only
+        else:  # paused already: a server-wide pause stays one (its resume resumes the servers)
+            self._client_only = self._client_only and client_only
+
+    def _open_gate(self) -> None:
+        self._paused = self._client_only = False
+        self._unpaused.set()
+
+    async def pause_client(self, mode: str, *, abort_timeout_s: float, timeout_s: float) -> None:
+        """Close the gate without pausing any server; with ``mode="abort"``, abort this
+        client's attempts in flight by id (the wire protocol's ``abort_call``, a round every
+        :data:`ABORT_ROUND_S` for those still running) and return once they all returned,
+        or after ``timeout_s`` (then the stragglers run on: each holds the version it was
+        sent with, so its tokens stay tagged right).  Any other mode only closes the gate:
+        attempts in flight run on.  Undo with :meth:`open_client`.
+
+        Raises:
+            InvalidRequestError: unknown mode (an engine sync mode: ``"abort"``, ``"in_place"``).
+        """
+        check_sync_mode(f"{self.kind} backend pause", mode)
+        self._close_gate(client_only=True)
+        if mode != "abort":
+            return
+        pending = set(self._in_flight)
+        with trio.move_on_after(timeout_s):
+            while pending:
+                await self._abort(pending, abort_timeout_s)
+                with trio.move_on_after(ABORT_ROUND_S):
+                    while pending := pending & set(self._in_flight):
+                        self._returned = trio.Event()
+                        await self._returned.wait()
+                pending &= set(self._in_flight)
+        if pending:
+            logger.warning("%s: %d request(s) still running %.0f s after their abort: they finish on the "
+                           "version they were sent with", self.kind, len(pending), timeout_s)
+
+    async def _abort(self, wire_ids: set[str], timeout_s: float) -> None:
+        async def one(wire_id: str) -> None:
+            url = self._in_flight.get(wire_id)
+            if url is None:
+                return
+            method, path, body, params = self.wire.abort_call(wire_id)
+            self._stats["aborts_sent"] += 1
+            try:
+                await self.http.call(url, method, path, json=body, params=params, timeout_s=timeout_s)
+            except RemoteCallError as exc:  # a server without the route: the request runs on
+                self._stats["aborts_failed"] += 1
+                logger.debug("abort of %s on %s failed: %s", wire_id, url, exc)
+
+        async with trio.open_nursery() as nursery:
+            for wire_id in sorted(wire_ids):
+                nursery.start_soon(one, wire_id)
+
+    def open_client(self) -> None:
+        """Undo :meth:`pause_client` (no server call)."""
+        self._open_gate()
 
     def _targets(self, servers: Sequence[str] | None) -> list[str]:
         return [s.url for s in self.pool.healthy] if servers is None else list(servers)
@@ -106,10 +194,7 @@ class PoolControl:
         """
         if mode not in self.wire.pause_modes:
             raise InvalidRequestError(f"{self.kind}: pause mode must be one of {self.wire.pause_modes}, got {mode!r}")
-        self.epoch += 1
-        if not self._paused:
-            self._paused = True
-            self._unpaused = trio.Event()
+        self._close_gate(client_only=False)
         method, path, body, params = self.wire.pause_call(mode)
         answers, errors = await self.http.broadcast(self._targets(servers), method, path, json=body, params=params)
         raise_if_any(self.kind, errors, "pause")
@@ -123,8 +208,7 @@ class PoolControl:
             answers, errors = await self.http.broadcast(self._targets(servers), method, path, json=body,
                                                         params=params)
         finally:
-            self._paused = False
-            self._unpaused.set()
+            self._open_gate()
         raise_if_any(self.kind, errors, "continue")
         return answers
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -154,6 +155,7 @@ class RemoteAdapters:
         weights = await trio.to_thread.run_sync(lambda: read_adapter(source, config=self.config))
         targets = [s.url for s in self.pool.healthy]
         await self._check(weights, targets)
+        await self._check_name(targets)
         folder = await trio.to_thread.run_sync(self._write, weights, served)
         method, path, body = self.wire.lora_load_call(served, str(folder))
         answers, errors = await self._broadcast(targets, method, path, body)
@@ -213,6 +215,26 @@ class RemoteAdapters:
                 raise BackendError(f"{where} runs without LoRA: {wire.lora_enable_fix(weights.rank)}")
             check_adapter(weights, where=where, base_model=limits.base_model, max_rank=limits.max_rank,
                           check_base=self.check_base)
+
+    async def _check_name(self, targets: list[str]) -> None:
+        """No other client serves a version of this adapter name (``{name}-v<N>`` loaded on
+        a server, not by this backend): two tenants with one ``lora_name`` would each unload
+        and reload the other's versions, or collide at the first version both reach."""
+        method, path = self.wire.lora_list_call()
+        versioned = re.compile(rf"{re.escape(self.name)}-v\d+")
+        for url in targets:
+            try:
+                names = self.wire.parse_loaded_adapters(await self.http.call(
+                    url, method, path, timeout_s=self.timeouts.health_timeout_s))
+            except (RemoteCallError, TypeError, KeyError, AttributeError):
+                continue  # not readable: the load's own "already loaded" error is the fallback
+            foreign = sorted(n for n in names if versioned.fullmatch(n) and url not in self._loaded_on.get(n, ()))
+            if foreign:
+                raise BackendError(
+                    f"{self.kind}: the LoRA adapter name {self.name!r} is in use on {url} by another client (it "
+                    f"serves {foreign[0]!r}, which this backend did not load): give each tenant its own lora_name "
+                    f"(lora_name='tenant-a', 'tenant-b', ...), or, if a run that ended left it loaded, unload it "
+                    f"({' '.join(self.wire.lora_unload_call(foreign[0])[:2])} {{\"lora_name\": \"{foreign[0]}\"}})")
 
     async def _broadcast(self, urls: list[str], method: str, path: str,
                          body: Any) -> tuple[dict[str, Any], dict[str, RemoteCallError]]:

@@ -134,6 +134,16 @@ class WireProtocol(abc.ABC):
         """The :class:`LoraLimits` in the answer of :meth:`lora_info_call`."""
         return LoraLimits()
 
+    def lora_list_call(self) -> tuple[str, str]:
+        """``(method, path)`` of the route that lists the loaded adapters: the OpenAI
+        ``GET /v1/models`` of vLLM and SGLang, where each loaded adapter is a model card of
+        its own whose ``parent`` is the base model."""
+        return "GET", "/v1/models"
+
+    def parse_loaded_adapters(self, answer: Any) -> list[str]:
+        """The loaded adapters' names in the answer of :meth:`lora_list_call`."""
+        return [str(card["id"]) for card in answer["data"] if card.get("parent")]
+
     def with_adapter(self, payload: dict[str, Any], name: str) -> dict[str, Any]:
         """``payload`` (of :meth:`build_payload`) sampling the loaded adapter ``name``."""
         raise BackendError(f"{type(self).__name__} cannot sample a LoRA adapter")

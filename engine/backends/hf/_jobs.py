@@ -11,7 +11,8 @@ generate thread reads).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import outcome
@@ -35,10 +36,14 @@ class GenerationJob:
         cancel_scope: cancelled by :meth:`withdraw`; a batcher serving the job on its
             own task runs it inside this scope.
         withdrawn: the caller gave up on this job.
+        lease: the LoRA adapter version the caller holds for this job (a named adapter,
+            pinned from submission to answer); ``None``: the batcher takes one when the
+            batch starts (``request.lora_name``'s current version, or none).
     """
 
     request: ModelRequest
     budget: int
+    lease: AdapterLease | None = None
     enqueued_at: float = 0.0
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     withdrawn: bool = False
@@ -64,14 +69,15 @@ class JobQueue:
         self._send, self.jobs = trio.open_memory_channel[GenerationJob](max(1, capacity))
         self._pending: set[GenerationJob] = set()
 
-    async def submit(self, request: ModelRequest, budget: int) -> ModelResponse:
-        """Enqueue one segment and return its response (see the module docstring).
+    async def submit(self, request: ModelRequest, budget: int, lease: AdapterLease | None = None) -> ModelResponse:
+        """Enqueue one segment (sampling ``lease``'s adapter, if given) and return its
+        response (see the module docstring).
 
         Raises:
             BackendError: the queue closed before the job was answered.
             Whatever the batcher replied with.
         """
-        job = GenerationJob(request, budget, enqueued_at=trio.current_time())
+        job = GenerationJob(request, budget, lease, enqueued_at=trio.current_time())
         self._pending.add(job)
         try:
             try:
@@ -147,6 +153,16 @@ class Batcher(abc.ABC):
     def move_leases(self, move: Callable[[AdapterLease], AdapterLease]) -> None:
         """While paused, after an in-place adapter switch: the segments still running (parked)
         compute with the new adapter from now on, so their leases move (``move(old) -> new``)."""
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the model for a change (an adapter loaded into it): no segment computes
+        inside (static: :meth:`StepGate.exclusive <._gate.StepGate.exclusive>`).  The
+        default does nothing: the caller changes the model only inside a weight sync."""
+        yield
+
+    def reactivate(self) -> None:
+        """After a change: the running (parked) batch computes with its own adapter again."""
 
     @abc.abstractmethod
     async def resume(self) -> None:

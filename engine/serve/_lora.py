@@ -81,11 +81,11 @@ class ServedAdapters:
         own = self._own()
         return set() if own is None else {own.name, own.served_name}
 
-    def loaded(self) -> dict[str, str]:
+    def loaded(self) -> dict[str, str | None]:
         """``{name: folder}`` of every adapter requests may name (the ``--lora`` one as its
-        current versioned name)."""
+        current versioned name; its folder ``None`` when not known)."""
         own = self._own()
-        mine = {} if own is None else {own.served_name: self.own_path or ""}
+        mine: dict[str, str | None] = {} if own is None else {own.served_name: self.own_path}
         return {**mine, **self._paths}
 
     def info(self) -> dict[str, Any]:

@@ -273,8 +273,8 @@ class HFBackend(InferenceBackend):
             self._named_loads += 1
             served = versioned_lora_name(name, self._named_loads)  # unique: a reloaded name never reuses a slot
             await trio.to_thread.run_sync(functools.partial(adapters.load, weights, served, named=True))
-            self._batcher.reactivate()  # a parked batch keeps computing with its own adapter (or none)
             self._adapters, self.lora = adapters, adapters.versions
+            self._batcher.reactivate()  # a parked batch keeps computing with its own adapter (or none)
             self._named.add(name)
             return adapters.versions.add(name, self._named_loads)
 

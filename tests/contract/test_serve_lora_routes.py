@@ -8,7 +8,6 @@ bad load is one line, HTTP 400, with the server alive."""
 from __future__ import annotations
 
 import functools
-import json
 import warnings
 
 import httpx

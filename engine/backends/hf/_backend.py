@@ -40,6 +40,8 @@ class HFStatistics(BackendStatistics):
         requests_waiting: received, not yet in a running batch (static).
         batches: ``generate`` calls (static).
         batch_occupancy: mean requests per ``generate`` call (static).
+        decode_steps: decoding steps run, the running batch's so far included (static; a
+            live progress count).
         aborts: segments answered ``"abort"`` (weight updates in abort mode).
         weight_updates: weight updates applied.
         paused: a weight sync holds new batches.
@@ -49,6 +51,7 @@ class HFStatistics(BackendStatistics):
     requests_waiting: int = 0
     batches: int = 0
     batch_occupancy: float = 0.0
+    decode_steps: int = 0
     aborts: int = 0
     weight_updates: int = 0
     paused: bool = False
@@ -92,6 +95,16 @@ class HFBackend(InferenceBackend):
     tagged ``v`` from the boundary on) and deletes the old one once no segment holds it.
     Only the adapter travels.  A backend opened without ``lora`` starts serving one at its
     first adapter update.  A request's ``lora_name`` must be the adapter's name.
+
+    Named adapters (static mode; ``rollout serve``'s ``/load_lora_adapter``):
+    :meth:`add_adapter` loads an adapter under a name of its own, one immutable version
+    (a new version is a new name), while the model serves: the running batch parks between
+    two steps for the change and continues on its own adapter.  A request with
+    ``lora_name=name`` samples it; :meth:`hold_adapter` pins it for a request admitted
+    elsewhere (``generate(..., adapter=lease)``); :meth:`remove_adapter` unloads it (new
+    requests fail, those in flight finish on it, it is deleted once they ended).  One
+    adapter per batch: requests of different adapters (and the base model's, without a
+    ``lora_name`` when the backend serves no ``lora`` of its own) take turns, batch by batch.
 
     Attributes:
         update_requested: a ``threading.Event`` set while a weight sync's pause is on
@@ -379,8 +392,11 @@ class HFBackend(InferenceBackend):
         check_sync_mode("hf backend update_weights", mode)
         adapter = is_adapter_source(source)
         if not adapter and self._adapters is not None:
-            raise BackendError(f"hf backend serves the LoRA adapter {self._adapters.name!r}: update_weights takes an "
-                               "adapter (a peft model, a peft state dict or an adapter folder), not full weights")
+            served = (repr(self._adapters.name) if self._adapters.serves_default else
+                      "adapters " + ", ".join(repr(n) for n in sorted(self._named)) + " (add_adapter)")
+            raise BackendError(f"hf backend serves the LoRA {served}: update_weights takes an adapter (a peft "
+                               "model, a peft state dict or an adapter folder), not full weights (peft's layers are "
+                               "in the model)")
         own_pause = self._paused_mode is None
         if own_pause:
             await self.pause(mode)
@@ -435,7 +451,7 @@ class HFBackend(InferenceBackend):
             kind=self.kind, version=self.version, logprob_semantics=self.logprob_semantics,
             requests_served=c.requests_served, requests_running=c.requests_running,
             tokens_generated=c.tokens_generated, mode=self.mode, requests_waiting=c.requests_waiting,
-            batches=c.batches, batch_occupancy=c.batch_occupancy, aborts=c.aborts,
+            batches=c.batches, batch_occupancy=c.batch_occupancy, decode_steps=c.decode_steps, aborts=c.aborts,
             weight_updates=self._weight_updates, paused=self.paused,
             lora=None if self._adapters is None else self._adapters.versions.statistics(),
         )

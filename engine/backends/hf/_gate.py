@@ -72,6 +72,7 @@ class StepGate(Gate):
         self._running = False  # a batch is in its worker thread
         self._changed = trio.lowlevel.ParkingLot()  # unparked when a batch ends or parks, or a change ends
         self._token: trio.lowlevel.TrioToken | None = None
+        self.steps_run = 0  # decoding steps that reached the gate (a live progress count)
         self._free = threading.Event()  # cleared while exclusive() changes the model
         self._free.set()
         self._mutex = trio.Lock()  # one change at a time
@@ -153,6 +154,7 @@ class StepGate(Gate):
         """After decoding step ``step`` (1-based): park here while held or while a change
         is under way (then, if a sync held it, append ``(step, version)`` to ``boundaries``
         if the weights changed meanwhile); return whether the batch must stop now (abort)."""
+        self.steps_run += 1
         if self.hold or not self._free.is_set():
             held = self.hold  # read first: a resume may come before the loop below looks
             self._parked.set()

@@ -112,6 +112,8 @@ class BatcherCounts:
         requests_waiting: received, not yet in a running batch (static).
         batches: ``generate`` calls (static).
         batch_occupancy: mean requests per ``generate`` call (static).
+        decode_steps: decoding steps run, the running batch's so far included (static; a
+            live progress count: one per step of a batch, whatever its rows).
     """
 
     requests_served: int = 0
@@ -121,6 +123,7 @@ class BatcherCounts:
     requests_waiting: int = 0
     batches: int = 0
     batch_occupancy: float = 0.0
+    decode_steps: int = 0
 
 
 class Batcher(abc.ABC):

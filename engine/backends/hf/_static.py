@@ -247,6 +247,7 @@ class StaticBatcher(Batcher):
             requests_served=s["requests_served"], requests_running=s["requests_running"],
             tokens_generated=s["tokens_generated"], aborts=s["aborts"], requests_waiting=self._waiting,
             batches=s["batches"], batch_occupancy=s["batch_occupancy_sum"] / s["batches"] if s["batches"] else 0.0,
+            decode_steps=self.gate.steps_run,
         )
 
     # -- batching ---------------------------------------------------------------------------

@@ -430,12 +430,12 @@ class HFBackend(InferenceBackend):
             BackendError: see :meth:`update_weights`.
         """
         adapters = self._adapters or HFAdapters(self._lm, self._lora_name, check_base=self._check_lora_base)
-        served = versioned_lora_name(adapters.name, version)
-        if served in adapters.versions.loaded():
-            raise BackendError(f"LoRA adapter {served!r} is loaded already: a new adapter needs a new version")
         if adapters.name in self._named:
             raise BackendError(f"LoRA adapter {adapters.name!r} is a named adapter (add_adapter): the backend's own "
                                "adapter needs another lora_name")
+        served = versioned_lora_name(adapters.name, version)
+        if served in adapters.versions.loaded():
+            raise BackendError(f"LoRA adapter {served!r} is loaded already: a new adapter needs a new version")
         weights = await trio.to_thread.run_sync(lambda: read_adapter(source, config=adapters.config))
         await trio.to_thread.run_sync(adapters.load, weights, served)
         adapters.activate(served)

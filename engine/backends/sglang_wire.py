@@ -9,6 +9,7 @@ Request (one prompt, non-streaming)::
 
     {"input_ids": [...], "rid": "<rid>@<seq>", "return_logprob": true, "stream": false,
      "image_data": [base64, ...] (if any), "priority": int (if the request has one),
+     "lora_path": a loaded LoRA adapter's name (if any; the client's ``SGLangWire.with_adapter``),
      "sampling_params": {"max_new_tokens": budget, "temperature": 0 if greedy else t,
                          "top_p", "top_k": -1 when disabled, "min_new_tokens",
                          "stop_token_ids", "stop" (if any), "ignore_eos",

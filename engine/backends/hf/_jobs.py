@@ -11,8 +11,8 @@ generate thread reads).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import outcome
@@ -157,12 +157,11 @@ class Batcher(abc.ABC):
         """While paused, after an in-place adapter switch: the segments still running (parked)
         compute with the new adapter from now on, so their leases move (``move(old) -> new``)."""
 
-    @asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
+    def exclusive(self) -> AbstractAsyncContextManager[None]:
         """Hold the model for a change (an adapter loaded into it): no segment computes
         inside (static: :meth:`StepGate.exclusive <._gate.StepGate.exclusive>`).  The
         default does nothing: the caller changes the model only inside a weight sync."""
-        yield
+        return nullcontext()
 
     def reactivate(self) -> None:
         """After a change: the running (parked) batch computes with its own adapter again."""

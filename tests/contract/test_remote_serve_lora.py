@@ -172,6 +172,38 @@ async def test_two_tenants_on_one_server_each_sample_their_own_adapter(lora_serv
         assert max_diff(model, a0, PROMPT + [60 + i], rb.output_tokens, rb.output_logprobs) > 1e-2
 
 
+async def test_an_update_storm_fails_no_request_and_leaves_one_name(lora_server, tmp_path, reward_pool):
+    """An adapter update every ~0.3 s, 12 of them, while 3 request loops run: no request
+    fails, every response's versions only go up, one name is loaded at the end, and the
+    server's model holds no adapter once the client closed."""
+    url, _, model, _ = lora_server
+    sources = [build_tiny_lora(model, tmp_path / f"s{i}", seed=20 + i) for i in range(2)]
+    backend = _client(url, sources[0], tmp_path / "served")
+    updates, responses, stop = 12, [], trio.Event()
+    with trio.fail_after(600):
+        async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+            async def requests(i):
+                while not stop.is_set():
+                    responses.append(await engine.agenerate(ModelRequest(input_ids=PROMPT + [i], gconfig=G(
+                        max_new_tokens=32, temperature=1.0, ignore_eos=True))))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(requests, i)
+                for version in range(1, updates + 1):
+                    await trio.sleep(0.3)  # the storm's pace
+                    await engine.update_weights(sources[version % 2], version=version)
+                stop.set()
+            await backend.adapters.drained()
+            assert await _served(url) == ["tiny", f"lora-v{updates}"]
+            stats = engine.statistics()
+    assert stats.failed == 0 and stats.backend.requests_failed == 0 and len(responses) >= 3
+    assert all(r.output_versions == sorted(r.output_versions) for r in responses)
+    assert stats.backend.lora.loaded == (f"lora-v{updates}",) and stats.backend.lora.unloads == updates
+    assert await _served(url) == ["tiny"]
+    assert (await _get(url, "/get_server_info"))["backend"]["lora"]["loaded"] == []
+
+
 def test_rollout_run_with_lora_on_rollout_serve_and_each_refusal_in_one_line(lora_server, tmp_path, capsys):
     url, plain, model, _ = lora_server
     adapter = build_tiny_lora(model, tmp_path / "adapter", seed=1)

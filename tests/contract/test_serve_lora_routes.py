@@ -322,3 +322,18 @@ async def test_the_lora_adapter_of_rollout_serve_lora_keeps_its_names_and_its_ba
     assert seen["model_path"] == str(model)  # an adapter update leaves the base model reported (clients check it)
     assert seen["models"] == [("tiny", str(model)), ("lora-v1", str(b))]
     assert max_diff(model, b, PROMPT, seen["v1"].tokens, seen["v1"].logprobs) < TOLERANCE and seen["old"] == 404
+
+
+def test_the_lora_options_of_rollout_serve_are_checked_in_one_line(capsys):
+    from conftest import run_cli
+    from engine import InvalidRequestError
+    from engine.serve import ServeConfig
+
+    with pytest.raises(InvalidRequestError, match="give --enable-lora too"):
+        ServeConfig(max_lora_rank=8)
+    with pytest.raises(InvalidRequestError, match="--max-lora-rank must be an integer >= 1, got 0"):
+        ServeConfig(enable_lora=True, max_lora_rank=0)
+    assert ServeConfig(enable_lora=True, max_lora_rank=8).max_lora_rank == 8
+    code, _, err = run_cli(["serve", "--max-lora-rank", "8"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        "rollout serve: error: --max-lora-rank limits the adapters /load_lora_adapter loads: give --enable-lora too"]

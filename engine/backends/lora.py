@@ -239,6 +239,19 @@ class AdapterVersions:
             else:
                 self.unload_failures += 1
 
+    def retire(self, name: str) -> AdapterLease:
+        """Retire the current version of ``name`` with no successor (a named adapter is
+        unloaded): ``name`` stops resolving at once (new requests for it fail), the version
+        goes to ``on_retired`` when its last lease comes back (now, if it has none).
+
+        Raises:
+            InvalidRequestError: ``name`` has no current version (:meth:`resolve`).
+        """
+        version = self._current.pop(self.resolve(name))
+        version.retired = True
+        self._maybe_hand_over(version)
+        return version.lease
+
     def retire_all(self) -> list[AdapterLease]:
         """Retire every current version (the backend closes): returns the versions with no
         lease in flight, which the caller unloads now (``on_retired`` is not called for

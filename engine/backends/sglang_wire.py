@@ -9,6 +9,7 @@ Request (one prompt, non-streaming)::
 
     {"input_ids": [...], "rid": "<rid>@<seq>", "return_logprob": true, "stream": false,
      "image_data": [base64, ...] (if any), "priority": int (if the request has one),
+     "lora_path": a loaded LoRA adapter's name (if any; the client's ``SGLangWire.with_adapter``),
      "sampling_params": {"max_new_tokens": budget, "temperature": 0 if greedy else t,
                          "top_p", "top_k": -1 when disabled, "min_new_tokens",
                          "stop_token_ids", "stop" (if any), "ignore_eos",
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import InvalidRequestError
-from ..types import GenerationHyperparameters, ModelRequest
+from ..types import GenerationHyperparameters, ModelRequest, valid_lora_name
 
 __all__ = [
     "AnswerRejected",
@@ -75,7 +76,7 @@ IGNORED_KEYS = frozenset({"model", "log_metrics", "no_logs", "background", "prio
 #: the ``GenerateReqInput`` fields read; others are accepted only at a falsy value
 GENERATE_KEYS = frozenset({
     "input_ids", "text", "sampling_params", "rid", "return_logprob", "stream", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "image_data",
+    "top_logprobs_num", "return_text_in_logprobs", "image_data", "lora_path",
 })
 
 
@@ -236,7 +237,8 @@ def parse_generate_request(body: Any, *, vocab_size: int, context_length: int,
     """Read a ``/generate`` body the way ``rollout serve`` serves it: one prompt
     (``input_ids``, or ``text`` run through ``tokenize``), no streaming, no top logprobs;
     other ``GenerateReqInput`` fields only at a falsy value (an sglang-router re-sends them
-    all at their defaults), routing hints ignored.  The budget is ``max_new_tokens``
+    all at their defaults), routing hints ignored; ``lora_path`` (a loaded adapter's name)
+    becomes ``ModelRequest.lora_name``.  The budget is ``max_new_tokens``
     (default 128; ``null``: the rest of the context) clamped to ``context_length`` less
     the prompt.  No ``rid``: a fresh one.
 
@@ -291,7 +293,10 @@ def parse_generate_request(body: Any, *, vocab_size: int, context_length: int,
         images = [images]
     if images is not None and (not isinstance(images, list) or not all(isinstance(x, str) for x in images)):
         raise WireError("image_data must be a base64 string or a list of them (no batches)")
-    request = ModelRequest(rid=rid, input_ids=ids, gconfig=gconfig, image_data=images)
+    lora = body.get("lora_path") or None  # SGLang's field: the name of a loaded adapter
+    if lora is not None and not valid_lora_name(lora):
+        raise WireError("lora_path must be the name of a loaded LoRA adapter (one string, no batches)")
+    request = ModelRequest(rid=rid, input_ids=ids, gconfig=gconfig, image_data=images, lora_name=lora)
     return GenerateCall(request, budget, bool(body.get("return_logprob", False)))
 
 

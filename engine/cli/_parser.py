@@ -139,8 +139,9 @@ def build_parser() -> _Parser:
     run.add_argument("--lora", type=_adapter_folder, default=None, metavar="PATH",
                      help="sample with this LoRA adapter (a peft adapter folder) on top of the model: --backend hf "
                           "loads it with peft (pip install 'trio-rollout[lora]'); vllm/sglang load it on every server "
-                          "(vLLM: --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: "
-                          "--enable-lora), which must read the folder at the path given here")
+                          "(vLLM: --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang "
+                          "and rollout serve: --enable-lora) from a copy in a temporary folder of this machine, which "
+                          "the servers must be able to read")
     run.add_argument("--lora-name", type=_lora_name, default=None, metavar="NAME",
                      help="the adapter's name (default lora): it is served as NAME-v<version>")
     run.add_argument("--n-samples", type=_positive_int, default=2, help="samples per prompt (default 2)")

@@ -33,6 +33,14 @@ Routes (SGLang wire format, ``SERVERS_AND_MODELS.md`` §1; bodies of ``/generate
   requests not yet decoding ``abort`` with none (a client re-sends both after the pause);
   ``retract`` and ``in_place`` park the running batch between two decoding steps.
   ``POST /continue_generation`` resumes.
+- ``POST /load_lora_adapter`` ``{"lora_name", "lora_path"}`` and ``POST /unload_lora_adapter``
+  ``{"lora_name"}`` (``--enable-lora``, implied by ``--lora``; ``--max-lora-rank``): an adapter
+  loaded under a name (read from its folder once), sampled by ``/generate`` bodies whose
+  ``lora_path`` names it; an unload answers at once, the requests in flight on it finish on
+  it, new ones answer 404.  SGLang's answers (``{"success", "error_message",
+  "loaded_adapters"}``; 400 with one line when a load fails); ``/get_server_info`` reports
+  ``enable_lora``, ``max_lora_rank`` and ``loaded_lora_adapters``, ``/v1/models`` lists the
+  adapters.  The name -> adapter registry and the ``--lora`` adapter: :mod:`engine.serve._lora`.
 - ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests", "weight_version",
   "keep_pause"}``: holds new requests; unless already paused, aborts running ones
   (``abort_all_requests``) or lets them finish, and pauses the model; loads the
@@ -59,7 +67,7 @@ request (the engine's one dispatch path), cancelled on abort or disconnect.  The
 owns its backend's policy version (``set_version``).
 
 Modules: ``_app`` (:class:`SGLangServer`: the routes and the server's state, a Starlette
-app), ``_http`` (hypercorn's trio worker, listening sockets, cancel-on-disconnect, and
+app), ``_lora`` (the LoRA adapters it serves), ``_http`` (hypercorn's trio worker, listening sockets, cancel-on-disconnect, and
 :func:`serve_http` for plain ``HTTPRequest -> HTTPResponse`` handlers such as the test
 suite's fake servers), ``_server`` (the process: config, signals, the CLI).
 """

@@ -27,9 +27,11 @@ from starlette.routing import Route
 
 from .._jsonable import plain
 from ..backends import sglang_wire as wire
+from ..backends.lora import AdapterLease, is_adapter_source
 from ..errors import InvalidRequestError, RolloutError
 from ..types import ModelRequest, ModelResponse
 from ._http import JSONResponse, RequestRejected, RequireApiKey, parse_json, read_body, rejection
+from ._lora import ServedAdapters
 
 __all__ = ["SGLangServer"]
 
@@ -69,6 +71,7 @@ class _Running:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # around backend.generate
     dispatched: bool = False  # handed to the model (not waiting for a pause to end)
     aborted: str | None = None  # abort message, once aborted
+    lease: AdapterLease | None = None  # the named LoRA adapter it samples, held until it answers
 
 
 @dataclass
@@ -86,6 +89,10 @@ class SGLangServer:
         ready: the model is loaded and serving.
         api_key: when set, every route answers 401 without ``Authorization: Bearer
             <api_key>`` (:class:`~engine.serve._http.RequireApiKey`); hidden from the repr.
+        enable_lora: serve ``/load_lora_adapter`` and ``/unload_lora_adapter``
+            (:mod:`engine.serve._lora`); on anyway when the backend serves its own adapter.
+        max_lora_rank: the largest adapter rank those load (``None``: any).
+        lora: the adapters served (:class:`~engine.serve._lora.ServedAdapters`).
     """
 
     backend: Any
@@ -94,6 +101,9 @@ class SGLangServer:
     weight_version: str = "0"
     ready: bool = False
     api_key: str | None = field(default=None, repr=False)
+    enable_lora: bool = False
+    max_lora_rank: int | None = None
+    lora: ServedAdapters = field(init=False)
     _running: dict[str, _Running] = field(default_factory=dict)
     _paused: bool = False
     _gate: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)  # resume or abort
@@ -101,10 +111,16 @@ class SGLangServer:
     _update_lock: trio.Lock = field(default_factory=trio.Lock)
     _counts: Counter = field(default_factory=Counter)
 
+    def __post_init__(self) -> None:
+        self.lora = ServedAdapters(self.backend, enabled=self.enable_lora, max_rank=self.max_lora_rank,
+                                   base_model=self.model_path)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the backend (load the model) and serve until cancelled."""
         async with self.backend.open():
             self.weight_version = str(self.backend.version)
+            if self.backend.own_adapter is not None:  # rollout serve --lora: LoRA is on
+                self.lora.enabled = True
             self.ready = True
             task_status.started()
             try:
@@ -122,6 +138,8 @@ class SGLangServer:
             ("/continue_generation", ("POST",), self._continue_generation),
             ("/update_weights_from_disk", ("POST",), self._update_weights_from_disk),
             ("/update_weight_version", ("POST",), self._update_weight_version),
+            ("/load_lora_adapter", ("POST",), self._load_lora_adapter),
+            ("/unload_lora_adapter", ("POST",), self._unload_lora_adapter),
             ("/health", ("GET",), self._health),
             ("/health_generate", ("GET",), self._health),
             ("/get_model_info", ("GET",), self._model_info),
@@ -157,8 +175,9 @@ class SGLangServer:
         req, budget, return_logprob = self._parse_generate(await _json(request))
         if req.rid in self._running:
             raise RequestRejected(400, f"Duplicate request ID {req.rid}")
+        req, lease = self.lora.admit(req)  # its adapter stays loaded until it answers (404: none such)
         start = trio.current_time()
-        self._running[req.rid] = running = _Running()
+        self._running[req.rid] = running = _Running(lease=lease)
         try:
             while self._paused and running.aborted is None:  # new requests wait during a pause
                 await self._gate.park()
@@ -171,6 +190,7 @@ class SGLangServer:
             raise
         finally:
             del self._running[req.rid]
+            self.lora.release(lease)
             self._changed.unpark_all()
         self._counts["requests"] += 1
         self._counts["aborted" if resp.stop_reason == "abort" else "completed"] += 1
@@ -182,7 +202,9 @@ class SGLangServer:
         running.dispatched = True
         with running.scope:
             try:
-                return await self.backend.generate(req, budget)
+                if running.lease is None:
+                    return await self.backend.generate(req, budget)
+                return await self.backend.generate(req, budget, adapter=running.lease)
             except InvalidRequestError as exc:
                 raise RequestRejected(400, str(exc)) from None
             except RolloutError as exc:
@@ -270,6 +292,7 @@ class SGLangServer:
         refusal = await trio.to_thread.run_sync(safetensors_refusal, path)
         if refusal is not None:
             return JSONResponse({"success": False, "message": refusal, "num_paused_requests": 0}, 400)
+        adapter_update = await trio.to_thread.run_sync(is_adapter_source, path)  # else full weights
         weight_version = body.get("weight_version")
         backend = self.backend
         async with self._update_lock:
@@ -296,7 +319,10 @@ class SGLangServer:
                 return JSONResponse({"success": False, "message": f"failed to load {path}: {exc}",
                                       "num_paused_requests": 0}, 400)
             self.weight_version = str(weight_version) if weight_version is not None else str(version)
-            self.model_path = path
+            if adapter_update:  # the --lora adapter's next version: the base model stays
+                self.lora.own_path = path
+            else:
+                self.model_path = path
             if not (was_paused or body.get("keep_pause")):
                 if own_pause:
                     await backend.resume()
@@ -342,7 +368,7 @@ class SGLangServer:
     async def _server_info(self, request: Request) -> Any:
         return {"version": "trio-rollout", "model_path": self.model_path, "served_model_name": self.served_model_name,
                 "weight_version": self.weight_version, "paused": self._paused, "ready": self.ready,
-                "num_running_reqs": len(self._running), "counters": dict(self._counts),
+                "num_running_reqs": len(self._running), "counters": dict(self._counts), **self.lora.info(),
                 "backend": plain(self.backend.statistics())}
 
     async def _get_weight_version(self, request: Request) -> Any:
@@ -353,7 +379,17 @@ class SGLangServer:
         return {"num_running_reqs": running, "num_waiting_reqs": len(self._running) - running}
 
     async def _models(self, request: Request) -> Any:
-        return {"object": "list", "data": [{"id": self.served_model_name, "object": "model"}]}
+        base = {"id": self.served_model_name, "object": "model", "root": self.model_path, "parent": None}
+        return {"object": "list", "data": [base, *self.lora.model_cards(self.served_model_name)]}
+
+    # -- LoRA adapters (engine.serve._lora) ----------------------------------------------------
+    async def _load_lora_adapter(self, request: Request) -> Response:
+        self._require_ready()
+        return await self.lora.load(await _json(request))
+
+    async def _unload_lora_adapter(self, request: Request) -> Response:
+        self._require_ready()
+        return await self.lora.unload(await _json(request))
 
     async def _flush_cache(self, request: Request) -> Response:
         return Response(b"Cache flushed.", 200, media_type="text/plain")

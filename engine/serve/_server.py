@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -42,13 +43,21 @@ class ServeConfig:
     ``::1``, ``localhost``): a server reachable from other machines would otherwise let
     anyone generate, pause it, or load weights into it.
 
-    ``lora``: a LoRA adapter folder every request samples (``lora_name``, default ``lora``,
-    served as ``lora-v<version>``; :class:`~engine.backends.hf.HFBackend`'s ``lora``);
-    ``/update_weights_from_disk`` with an adapter folder then loads the next version.
+    ``lora``: a LoRA adapter folder every request without ``lora_path`` samples
+    (``lora_name``, default ``lora``, served as ``lora-v<version>``;
+    :class:`~engine.backends.hf.HFBackend`'s ``lora``); ``/update_weights_from_disk`` with an
+    adapter folder then loads the next version.
+
+    ``enable_lora`` (implied by ``lora``): SGLang's ``/load_lora_adapter`` and
+    ``/unload_lora_adapter`` load and unload adapters by name at run time, which requests
+    name in ``lora_path`` (:mod:`engine.serve._lora`; our ``sglang`` client's
+    ``lora=``); ``max_lora_rank`` refuses larger ranks (``None``: any).  Needs peft.
 
     Raises:
         InvalidRequestError: ``host`` is not loopback and ``api_key`` is not set, or
-            ``api_key`` is not a non-empty string of visible ASCII characters.
+            ``api_key`` is not a non-empty string of visible ASCII characters; ``lora`` is
+            not an adapter folder; ``lora_name`` without ``lora``; ``max_lora_rank`` below 1
+            or without LoRA enabled.
     """
 
     model: str | None = None
@@ -64,8 +73,16 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
     lora: str | None = None
     lora_name: str | None = None
+    enable_lora: bool = False
+    max_lora_rank: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_lora_rank is not None:
+            if isinstance(self.max_lora_rank, bool) or not isinstance(self.max_lora_rank, int) or self.max_lora_rank < 1:
+                raise InvalidRequestError(f"--max-lora-rank must be an integer >= 1, got {self.max_lora_rank!r}")
+            if not (self.enable_lora or self.lora):
+                raise InvalidRequestError("--max-lora-rank limits the adapters /load_lora_adapter loads: give "
+                                          "--enable-lora too")
         if self.lora is not None and not os.path.isfile(os.path.join(self.lora, "adapter_config.json")):
             raise InvalidRequestError(f"--lora {self.lora} is not a LoRA adapter folder (no adapter_config.json in it)")
         if self.lora_name is not None:
@@ -113,10 +130,15 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio
         torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.seed)
     path = await trio.to_thread.run_sync(resolve_model, config.model)
+    lora_on = config.enable_lora or config.lora is not None
+    if lora_on and importlib.util.find_spec("peft") is None:  # one line now, not at the first load
+        raise InvalidRequestError("--enable-lora and --lora serve LoRA adapters with peft, which is not installed: "
+                                  "pip install 'trio-rollout[lora]' (or pip install peft)")
     backend = HFBackend(path, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
                         batch_window_s=config.batch_window_s, lora=config.lora, lora_name=config.lora_name or "lora")
     server = SGLangServer(backend, model_path=str(path), served_model_name=config.served_model_name or str(path),
-                          api_key=config.api_key)
+                          api_key=config.api_key, enable_lora=lora_on, max_lora_rank=config.max_lora_rank)
+    server.lora.own_path = config.lora
     sockets = await open_listeners(config.host, config.port)  # a busy port: OSError here, not in a group
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -156,8 +178,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "not a loopback address (127.0.0.1, ::1, localhost); clients: rollout run --server-api-key")
     p.add_argument("--lora", default=None, metavar="PATH",
                    help="serve the model with this LoRA adapter (a peft adapter folder; needs peft: pip install "
-                        "'trio-rollout[lora]'); /update_weights_from_disk with an adapter folder loads the next version")
-    p.add_argument("--lora-name", default=None, metavar="NAME", help="the adapter's name (default lora)")
+                        "'trio-rollout[lora]'): requests without lora_path sample it; /update_weights_from_disk with "
+                        "an adapter folder loads its next version; implies --enable-lora")
+    p.add_argument("--lora-name", default=None, metavar="NAME",
+                   help="the --lora adapter's name (default lora; served as NAME-v<version>)")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="load and unload LoRA adapters by name at run time (SGLang's /load_lora_adapter and "
+                        "/unload_lora_adapter; a request names one in lora_path): what rollout run --backend sglang "
+                        "--lora PATH needs; needs peft")
+    p.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
+                   help="refuse adapters of a rank above R (default: any rank)")
     p.set_defaults(handler=run_serve)
     return p
 
@@ -174,7 +204,8 @@ def run_serve(args: argparse.Namespace) -> int:
         config = ServeConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                              max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_ms / 1000.0,
                              served_model_name=args.served_model_name, torch_threads=args.torch_threads,
-                             seed=args.seed, api_key=args.api_key, lora=args.lora, lora_name=args.lora_name)
+                             seed=args.seed, api_key=args.api_key, lora=args.lora, lora_name=args.lora_name,
+                             enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank)
         try:
             trio.run(serve, config)
         except BaseExceptionGroup as group:  # raised inside the server's nursery (e.g. loading the model)

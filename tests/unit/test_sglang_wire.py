@@ -122,11 +122,13 @@ def test_the_server_reads_text_prompts_router_defaults_and_clamps_to_the_context
     call = server_reads({"input_ids": [1], "image_data": "aGk=", "sampling_params": {"stop": "x", "top_k": None}})
     assert call.request.image_data == ["aGk="] and call.request.gconfig.stop == ["x"]
     assert call.request.gconfig.top_k == wire.NO_TOP_K and call.budget == 128
+    assert server_reads({"input_ids": [1], "lora_path": "tenant-v3"}).request.lora_name == "tenant-v3"  # a loaded name
 
 
 @pytest.mark.parametrize("body, message", [
     ([1, 2], "the body must be a JSON object"),
-    ({"input_ids": [1], "lora_path": "x"}, r"unsupported field\(s\) \['lora_path'\]"),
+    ({"input_ids": [1], "custom_logit_processor": "x"}, r"unsupported field\(s\) \['custom_logit_processor'\]"),
+    ({"input_ids": [1], "lora_path": ["x", "y"]}, "lora_path must be the name of a loaded LoRA adapter"),
     ({"input_ids": [1], "stream": True}, "does not stream"),
     ({"input_ids": [1], "top_logprobs_num": 2}, "top logprobs"),
     ({"sampling_params": {}}, "give one prompt as input_ids"),

@@ -7,6 +7,7 @@ weight updates and images.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -18,8 +19,7 @@ from typing import Any
 import trio
 
 from ...errors import BackendError, InvalidRequestError
-from ...types import ModelRequest, ModelResponse
-from ...types import versioned_lora_name
+from ...types import ModelRequest, ModelResponse, versioned_lora_name
 from ..base import BackendStatistics, InferenceBackend, check_sync_mode
 from ..lora import ADAPTER_CONFIG, DEFAULT_LORA_NAME, AdapterLease, check_lora_name, is_adapter_source, read_adapter
 from ._continuous import ContinuousBatcher
@@ -40,6 +40,8 @@ class HFStatistics(BackendStatistics):
         requests_waiting: received, not yet in a running batch (static).
         batches: ``generate`` calls (static).
         batch_occupancy: mean requests per ``generate`` call (static).
+        decode_steps: decoding steps run, the running batch's so far included (static; a
+            live progress count).
         aborts: segments answered ``"abort"`` (weight updates in abort mode).
         weight_updates: weight updates applied.
         paused: a weight sync holds new batches.
@@ -49,6 +51,7 @@ class HFStatistics(BackendStatistics):
     requests_waiting: int = 0
     batches: int = 0
     batch_occupancy: float = 0.0
+    decode_steps: int = 0
     aborts: int = 0
     weight_updates: int = 0
     paused: bool = False
@@ -93,6 +96,16 @@ class HFBackend(InferenceBackend):
     Only the adapter travels.  A backend opened without ``lora`` starts serving one at its
     first adapter update.  A request's ``lora_name`` must be the adapter's name.
 
+    Named adapters (static mode; ``rollout serve``'s ``/load_lora_adapter``):
+    :meth:`add_adapter` loads an adapter under a name of its own, one immutable version
+    (a new version is a new name), while the model serves: the running batch parks between
+    two steps for the change and continues on its own adapter.  A request with
+    ``lora_name=name`` samples it; :meth:`hold_adapter` pins it for a request admitted
+    elsewhere (``generate(..., adapter=lease)``); :meth:`remove_adapter` unloads it (new
+    requests fail, those in flight finish on it, it is deleted once they ended).  One
+    adapter per batch: requests of different adapters (and the base model's, without a
+    ``lora_name`` when the backend serves no ``lora`` of its own) take turns, batch by batch.
+
     Attributes:
         update_requested: a ``threading.Event`` set while a weight sync's pause is on
             (a generate thread, or a test, may wait on it).
@@ -136,6 +149,9 @@ class HFBackend(InferenceBackend):
             lora, model = os.fspath(model), _adapter_base(os.fspath(model))
         self._lora_source = lora
         self._adapters: HFAdapters | None = None
+        self._named: set[str] = set()  # the named adapters loaded (add_adapter), not unloaded
+        self._named_loads = 0
+        self._adapter_lock = trio.Lock()  # one adapter load at a time
         self._lm = LoadedModel(model, tokenizer, device=device, dtype=dtype)
         self.mode = mode
         self.max_batch_size = max_batch_size
@@ -212,14 +228,117 @@ class HFBackend(InferenceBackend):
                 queue.close()
                 nursery.cancel_scope.cancel()
 
-    async def generate(self, request: ModelRequest, budget: int) -> ModelResponse:
+    async def generate(self, request: ModelRequest, budget: int, *, adapter: AdapterLease | None = None
+                       ) -> ModelResponse:
+        """One segment (the engine's dispatch path).  ``adapter``: a lease the caller holds
+        on a named adapter (:meth:`hold_adapter`): the segment samples exactly that version,
+        whatever is unloaded meanwhile (``request.lora_name`` is then not read).
+
+        Raises:
+            InvalidRequestError: ``request.lora_name`` names no adapter this backend serves.
+            BackendError: the backend is not open.
+        """
         queue = self._queue
         if queue is None:
             raise BackendError(f"request {request.rid}: the hf backend is not open (use `async with backend.open()`; "
                                "open_rollout_engine does)")
-        if request.lora_name is not None and self._adapters is not None:
-            self._adapters.versions.resolve(request.lora_name)  # an unknown name: InvalidRequestError
-        return await queue.submit(request, budget)
+        adapters = self._adapters
+        own = None
+        if adapter is None and request.lora_name is not None and adapters is not None:
+            adapters.versions.resolve(request.lora_name)  # an unknown name: InvalidRequestError
+            if request.lora_name in self._named:  # immutable: pinned from now to the answer
+                adapter = own = adapters.versions.acquire(request.lora_name)
+        try:
+            return await queue.submit(request, budget, adapter)
+        finally:
+            if own is not None:
+                self.release_adapter(own)
+
+    # -- named adapters (rollout serve's /load_lora_adapter) ------------------------------
+    async def add_adapter(self, name: str, source: Any) -> AdapterLease:
+        """Load ``source`` (an adapter folder, a peft model, :class:`~engine.backends.lora.AdapterWeights`)
+        as the *named* adapter ``name``: one immutable version, next to the backend's own
+        adapter and other named ones; requests with ``lora_name=name`` sample it.  A
+        folder is read once, here.  The model is changed while no batch computes (the
+        running one parks for it between two steps, then continues on its own adapter).
+        Static mode only.
+
+        Raises:
+            InvalidRequestError: ``name`` is not a valid adapter name.
+            BackendError: the backend is not open or runs ``mode="continuous"``; ``name`` is
+                loaded already (the backend's own adapter's name included); peft is missing;
+                the adapter cannot be read, was trained on another base model, or does not
+                fit the model (the model is unchanged then).
+        """
+        name = check_lora_name("HFBackend.add_adapter", name)
+        if self.mode != "static":
+            raise BackendError("hf backend: named LoRA adapters need mode='static' (continuous mode computes every "
+                               "request with one adapter)")
+        if self._queue is None:
+            raise BackendError("hf backend: add_adapter needs the backend open")
+        adapters = self._adapters or HFAdapters(self._lm, self._lora_name, check_base=self._check_lora_base)
+        if adapters.versions.current(name) is not None or (name == adapters.name and adapters.serves_default):
+            raise BackendError(f"LoRA adapter {name!r} is loaded already: unload it first, or pick another name")
+        weights = await trio.to_thread.run_sync(read_adapter, source)
+        async with self._adapter_lock, self._batcher.exclusive():
+            if adapters.versions.current(name) is not None:  # (loaded meanwhile)
+                raise BackendError(f"LoRA adapter {name!r} is loaded already: unload it first, or pick another name")
+            self._named_loads += 1
+            served = versioned_lora_name(name, self._named_loads)  # unique: a reloaded name never reuses a slot
+            await trio.to_thread.run_sync(functools.partial(adapters.load, weights, served, named=True))
+            self._adapters, self.lora = adapters, adapters.versions
+            self._batcher.reactivate()  # a parked batch keeps computing with its own adapter (or none)
+            self._named.add(name)
+            return adapters.versions.add(name, self._named_loads)
+
+    @property
+    def own_adapter(self) -> AdapterLease | None:
+        """The current version of the backend's own adapter (``lora=``, ``lora_name``,
+        versioned by ``update_weights``), ``None`` when it serves none (named adapters
+        aside)."""
+        adapters = self._adapters
+        return adapters.versions.current() if adapters is not None and adapters.serves_default else None
+
+    def hold_adapter(self, name: str) -> AdapterLease:
+        """A lease on the named adapter ``name``, for a request admitted now: pass it to
+        :meth:`generate` (``adapter=``) and give it back with :meth:`release_adapter`.
+
+        Raises:
+            InvalidRequestError: no named adapter ``name``.
+        """
+        if self._adapters is None or name not in self._named:
+            loaded = ", ".join(repr(n) for n in sorted(self._named)) or "none"
+            raise InvalidRequestError(f"LoRA adapter {name!r} is not loaded (loaded: {loaded})")
+        return self._adapters.versions.acquire(name)
+
+    def release_adapter(self, lease: AdapterLease) -> None:
+        """Give back a lease of :meth:`hold_adapter`; an unloaded adapter's last one deletes
+        it from the model now if no batch computes (else when the running batch ends)."""
+        adapters = self._adapters
+        assert adapters is not None
+        adapters.versions.release(lease)
+        self._sweep()
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload the named adapter ``name``: new requests for it fail at once
+        (:class:`InvalidRequestError`); requests in flight on it finish on it; it is deleted
+        from the model once the last of them ended.
+
+        Raises:
+            InvalidRequestError: no named adapter ``name``.
+        """
+        if self._adapters is None or name not in self._named:
+            raise InvalidRequestError(f"LoRA adapter {name!r} is not loaded")
+        self._named.discard(name)
+        self._adapters.versions.retire(name)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Delete the drained retired adapters now when no batch computes (a sync call on
+        the trio thread: no batch can start meanwhile)."""
+        idle = getattr(self._batcher, "idle", None)
+        if self._adapters is not None and idle is not None and idle():
+            self._adapters.drop_retired()
 
     # -- weight sync (engine.backends.base.WeightSync) ----------------------------------
     @property
@@ -273,24 +392,30 @@ class HFBackend(InferenceBackend):
         check_sync_mode("hf backend update_weights", mode)
         adapter = is_adapter_source(source)
         if not adapter and self._adapters is not None:
-            raise BackendError(f"hf backend serves the LoRA adapter {self._adapters.name!r}: update_weights takes an "
-                               "adapter (a peft model, a peft state dict or an adapter folder), not full weights")
+            served = (repr(self._adapters.name) if self._adapters.serves_default else
+                      "adapters " + ", ".join(repr(n) for n in sorted(self._named)) + " (add_adapter)")
+            raise BackendError(f"hf backend serves the LoRA {served}: update_weights takes an adapter (a peft "
+                               "model, a peft state dict or an adapter folder), not full weights (peft's layers are "
+                               "in the model)")
         own_pause = self._paused_mode is None
         if own_pause:
             await self.pause(mode)
         try:
             if adapter:
-                new = await self._load_adapter(source, version)
-                self._weight_updates += 1
-                self._batcher.weights_loaded(version)
-                adapters = self._adapters
-                assert adapters is not None
-                if mode == "in_place":  # the parked segments continue on the new adapter
-                    self._batcher.move_leases(lambda lease: adapters.versions.move(lease, new))
-                adapters.drop_retired()
+                async with self._adapter_lock, self._batcher.exclusive():
+                    new = await self._load_adapter(source, version)
+                    self._weight_updates += 1
+                    self._batcher.weights_loaded(version)
+                    adapters = self._adapters
+                    assert adapters is not None
+                    if mode == "in_place":  # the parked segments of the adapter continue on its new version
+                        self._batcher.move_leases(lambda lease: adapters.versions.move(lease, new))
+                    self._batcher.reactivate()  # (a parked batch of a named adapter, or none, keeps its own)
+                    adapters.drop_retired()
             else:
                 state = await trio.to_thread.run_sync(self._lm.read_state, source)
-                await trio.to_thread.run_sync(self._lm.load_state, state)
+                async with self._batcher.exclusive():
+                    await trio.to_thread.run_sync(self._lm.load_state, state)
                 self._weight_updates += 1
                 self._batcher.weights_loaded(version)
         finally:
@@ -305,6 +430,9 @@ class HFBackend(InferenceBackend):
             BackendError: see :meth:`update_weights`.
         """
         adapters = self._adapters or HFAdapters(self._lm, self._lora_name, check_base=self._check_lora_base)
+        if adapters.name in self._named:
+            raise BackendError(f"LoRA adapter {adapters.name!r} is a named adapter (add_adapter): the backend's own "
+                               "adapter needs another lora_name")
         served = versioned_lora_name(adapters.name, version)
         if served in adapters.versions.loaded():
             raise BackendError(f"LoRA adapter {served!r} is loaded already: a new adapter needs a new version")
@@ -312,6 +440,7 @@ class HFBackend(InferenceBackend):
         await trio.to_thread.run_sync(adapters.load, weights, served)
         adapters.activate(served)
         lease = adapters.versions.add(adapters.name, version)
+        adapters.serves_default = True
         self._adapters = adapters
         self.lora = adapters.versions
         return lease
@@ -322,7 +451,7 @@ class HFBackend(InferenceBackend):
             kind=self.kind, version=self.version, logprob_semantics=self.logprob_semantics,
             requests_served=c.requests_served, requests_running=c.requests_running,
             tokens_generated=c.tokens_generated, mode=self.mode, requests_waiting=c.requests_waiting,
-            batches=c.batches, batch_occupancy=c.batch_occupancy, aborts=c.aborts,
+            batches=c.batches, batch_occupancy=c.batch_occupancy, decode_steps=c.decode_steps, aborts=c.aborts,
             weight_updates=self._weight_updates, paused=self.paused,
             lora=None if self._adapters is None else self._adapters.versions.statistics(),
         )

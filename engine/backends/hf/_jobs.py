@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import outcome
@@ -35,10 +36,14 @@ class GenerationJob:
         cancel_scope: cancelled by :meth:`withdraw`; a batcher serving the job on its
             own task runs it inside this scope.
         withdrawn: the caller gave up on this job.
+        lease: the LoRA adapter version the caller holds for this job (a named adapter,
+            pinned from submission to answer); ``None``: the batcher takes one when the
+            batch starts (``request.lora_name``'s current version, or none).
     """
 
     request: ModelRequest
     budget: int
+    lease: AdapterLease | None = None
     enqueued_at: float = 0.0
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     withdrawn: bool = False
@@ -64,14 +69,15 @@ class JobQueue:
         self._send, self.jobs = trio.open_memory_channel[GenerationJob](max(1, capacity))
         self._pending: set[GenerationJob] = set()
 
-    async def submit(self, request: ModelRequest, budget: int) -> ModelResponse:
-        """Enqueue one segment and return its response (see the module docstring).
+    async def submit(self, request: ModelRequest, budget: int, lease: AdapterLease | None = None) -> ModelResponse:
+        """Enqueue one segment (sampling ``lease``'s adapter, if given) and return its
+        response (see the module docstring).
 
         Raises:
             BackendError: the queue closed before the job was answered.
             Whatever the batcher replied with.
         """
-        job = GenerationJob(request, budget, enqueued_at=trio.current_time())
+        job = GenerationJob(request, budget, lease, enqueued_at=trio.current_time())
         self._pending.add(job)
         try:
             try:
@@ -106,6 +112,8 @@ class BatcherCounts:
         requests_waiting: received, not yet in a running batch (static).
         batches: ``generate`` calls (static).
         batch_occupancy: mean requests per ``generate`` call (static).
+        decode_steps: decoding steps run, the running batch's so far included (static; a
+            live progress count: one per step of a batch, whatever its rows).
     """
 
     requests_served: int = 0
@@ -115,6 +123,7 @@ class BatcherCounts:
     requests_waiting: int = 0
     batches: int = 0
     batch_occupancy: float = 0.0
+    decode_steps: int = 0
 
 
 class Batcher(abc.ABC):
@@ -147,6 +156,15 @@ class Batcher(abc.ABC):
     def move_leases(self, move: Callable[[AdapterLease], AdapterLease]) -> None:
         """While paused, after an in-place adapter switch: the segments still running (parked)
         compute with the new adapter from now on, so their leases move (``move(old) -> new``)."""
+
+    def exclusive(self) -> AbstractAsyncContextManager[None]:
+        """Hold the model for a change (an adapter loaded into it): no segment computes
+        inside (static: :meth:`StepGate.exclusive <._gate.StepGate.exclusive>`).  The
+        default does nothing: the caller changes the model only inside a weight sync."""
+        return nullcontext()
+
+    def reactivate(self) -> None:
+        """After a change: the running (parked) batch computes with its own adapter again."""
 
     @abc.abstractmethod
     async def resume(self) -> None:

@@ -2,7 +2,11 @@
 
 One adapter name (``lora_name``, default ``"lora"``), one peft adapter *slot* per loaded
 version (``lora-v0``, ``lora-v1``, ...: :func:`~engine.types.versioned_lora_name`) injected
-into the backend's model, the current one active.  A slot whose version was dropped (no
+into the backend's model, the current one active.  Besides it, *named* adapters
+(:meth:`~engine.backends.hf.HFBackend.add_adapter`: ``rollout serve``'s
+``/load_lora_adapter``): one immutable version each, in the same :class:`AdapterVersions`
+under their own names, sampled by requests that name them; a batch computes with one
+adapter, or with none (the base model: peft's adapter layers disabled).  A slot whose version was dropped (no
 segment holds it) is kept, one at most, and the next version with the same peft config is
 copied into it: peft's ``add_adapter`` walks every module of the model (seconds on a 135M
 model on 2 busy cores), a copy moves only the adapter's tensors.  peft's active adapter is a property of the model,
@@ -61,6 +65,8 @@ class HFAdapters:
         versions: the loaded versions and their leases.
         config: the peft config (a dict) of the current version: a later update given as
             a bare state dict reuses it.
+        serves_default: the backend's own versioned adapter (``name``) was loaded: requests
+            without ``lora_name`` sample it (else the base model).
     """
 
     def __init__(self, lm: LoadedModel, name: str, *, check_base: bool = True) -> None:
@@ -75,6 +81,8 @@ class HFAdapters:
         self._slot_config: dict[str, dict[str, Any]] = {}
         self._slot_params: dict[str, dict[str, Any]] = {}  # slot -> {saved key: its parameter}
         self._slots = 0
+        self._layers_on = True  # peft's adapter layers enabled (False: the base model computes)
+        self.serves_default = False
 
     @property
     def name(self) -> str:
@@ -83,15 +91,28 @@ class HFAdapters:
     def _retired(self, lease: AdapterLease) -> None:
         self._retired_leases.append(lease)  # deleted at the next safe moment (drop_retired)
 
+    def lease_for(self, lora_name: str | None) -> AdapterLease | None:
+        """A lease on what a request with ``lora_name`` samples now: that adapter's current
+        version; without one, the backend's own adapter if it serves one, else ``None``
+        (the base model).  Give it back with ``versions.release``.
+
+        Raises:
+            InvalidRequestError: no adapter of that name (``versions.resolve``).
+        """
+        if lora_name is None and not self.serves_default:
+            return None
+        return self.versions.acquire(lora_name)
+
     def base_model_name(self) -> str | None:
         """What the model was loaded from (a folder or hub id), for the base-model check."""
         spec = self.lm.spec if isinstance(self.lm.spec, str) else None
         return spec or getattr(self.lm.model, "name_or_path", None) or None
 
     # -- blocking (a worker thread; the model is not computing) ----------------------------------
-    def load(self, adapter: AdapterWeights, served_name: str) -> None:
+    def load(self, adapter: AdapterWeights, served_name: str, *, named: bool = False) -> None:
         """Put ``adapter`` into the model as ``served_name`` (not active yet): copied into a
         free slot of the same config, else injected as a new peft adapter.  Blocking.
+        ``named``: a named adapter (its config does not become :attr:`config`).
 
         Raises:
             BackendError: peft is missing; the adapter was trained on another base model
@@ -112,7 +133,8 @@ class HFAdapters:
             slot = self._inject(peft, adapter)
             self._slot_config[slot] = key
         self._slot_of[served_name] = slot
-        self.config = dict(adapter.config)
+        if not named:
+            self.config = dict(adapter.config)
 
     def _copy_into(self, slot: str, adapter: AdapterWeights) -> bool:
         """Copy ``adapter``'s tensors into the free ``slot``; ``False`` when they do not
@@ -143,6 +165,7 @@ class HFAdapters:
                 with warnings.catch_warnings():  # transformers' deprecation, raised inside peft's constructor
                     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                     self._peft_model = peft.PeftModel(self.lm.model, config, adapter_name=slot, low_cpu_mem_usage=True)
+                self._layers_on = True  # (the caller re-activates what a parked batch computes with)
             else:
                 self._peft_model.add_adapter(slot, config, low_cpu_mem_usage=True)
             tensors = {k: v.to(device=self.lm.device) for k, v in adapter.tensors.items()}
@@ -180,12 +203,26 @@ class HFAdapters:
             model.delete_adapter(slot)
 
     # -- the trio thread, no batch computing ---------------------------------------------------
-    def activate(self, served_name: str) -> None:
-        """Make ``served_name`` the adapter the model computes with (no batch may be
-        computing: before a batch starts, or inside a weight sync)."""
-        model, slot = self._peft_model, self._slot_of.get(served_name)
-        if model is not None and slot is not None and model.active_adapter != slot:
+    def activate(self, served_name: str | None) -> None:
+        """Make ``served_name`` the adapter the model computes with, ``None``: the base
+        model (no batch may be computing: before a batch starts, inside a weight sync or
+        an exclusive change)."""
+        model = self._peft_model
+        if model is None:
+            return
+        if served_name is None:
+            if self._layers_on:
+                model.base_model.disable_adapter_layers()
+                self._layers_on = False
+            return
+        slot = self._slot_of.get(served_name)
+        if slot is None:
+            return
+        if model.active_adapter != slot:
             model.set_adapter(slot)
+        if not self._layers_on:
+            model.base_model.enable_adapter_layers()
+            self._layers_on = True
 
     def drop_retired(self) -> None:
         """Drop the retired versions nothing holds any more (no batch may be computing):

@@ -26,6 +26,7 @@ import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import outcome
@@ -46,6 +47,11 @@ logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging n
 
 #: one generated row: (tokens, logprobs, stop reason)
 Row = tuple[list[int], list[float], StopReason]
+
+
+def _adapter_key(job: GenerationJob) -> tuple:
+    """Rows of one batch compute with one adapter: a pinned version, or a name's current one."""
+    return ("pinned", job.lease.served_name) if job.lease is not None else ("name", job.request.lora_name)
 
 
 def _batch_key(req: ModelRequest) -> tuple:
@@ -174,7 +180,8 @@ class StaticBatcher(Batcher):
         self.lm = lm
         self.current_version = current_version
         self.adapters = adapters
-        self._leases: list[AdapterLease] = []  # the running batch's adapter, one lease per row
+        self._leases: list[AdapterLease] = []  # the running batch's adapter, one lease per row (taken here)
+        self._adapter: str | None = None  # the served adapter the running batch computes with (None: the base)
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.gate = StepGate()
@@ -199,10 +206,11 @@ class StaticBatcher(Batcher):
                     if problem:
                         job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {problem}")))
                         continue
-                    groups[_batch_key(job.request)].append(job)  # seeded rows too: each has its own generator
+                    # seeded rows too: each has its own generator; one adapter per batch
+                    groups[(_batch_key(job.request), _adapter_key(job))].append(job)
                 self._waiting = sum(len(g) for g in groups.values())
                 for group in groups.values():
-                    await self.gate.wait_open()  # no batch starts while a weight sync holds it
+                    await self.gate.wait_startable()  # no batch starts during a weight sync or a change
                     self._waiting -= len(group)
                     await self._run_group(group)
 
@@ -214,6 +222,21 @@ class StaticBatcher(Batcher):
 
     def move_leases(self, move: Callable[[AdapterLease], AdapterLease]) -> None:
         self._leases = [move(lease) for lease in self._leases]
+        if self._leases:
+            self._adapter = self._leases[0].served_name
+
+    def exclusive(self) -> AbstractAsyncContextManager[None]:
+        return self.gate.exclusive()
+
+    def reactivate(self) -> None:
+        adapters = self.adapters()
+        if adapters is not None and self.gate.running:
+            adapters.activate(self._adapter)
+
+    def idle(self) -> bool:
+        """No batch runs and no change is under way: the model may be changed now, on the
+        trio thread, without a checkpoint (``HFBackend`` drops drained adapters then)."""
+        return not self.gate.running and self.gate.free
 
     async def resume(self) -> None:
         self.gate.resume()
@@ -224,6 +247,7 @@ class StaticBatcher(Batcher):
             requests_served=s["requests_served"], requests_running=s["requests_running"],
             tokens_generated=s["tokens_generated"], aborts=s["aborts"], requests_waiting=self._waiting,
             batches=s["batches"], batch_occupancy=s["batch_occupancy_sum"] / s["batches"] if s["batches"] else 0.0,
+            decode_steps=self.gate.steps_run,
         )
 
     # -- batching ---------------------------------------------------------------------------
@@ -256,10 +280,18 @@ class StaticBatcher(Batcher):
 
     async def _run_group(self, group: list[GenerationJob]) -> None:
         adapters = self.adapters()
-        if adapters is not None and adapters.versions.current() is not None:
-            adapters.drop_retired()  # (no batch computes here)
-            self._leases = [adapters.versions.acquire() for _ in group]  # with the version, before it is sent
-            adapters.activate(self._leases[0].served_name)
+        if adapters is not None:
+            adapters.drop_retired()  # (no batch computes here, no change is under way)
+            pinned = group[0].lease  # a named adapter the caller holds (the whole group: one key)
+            try:  # else a lease on the current version, read with the version, before the batch is sent
+                self._leases = [] if pinned else [
+                    lease for job in group if (lease := adapters.lease_for(job.request.lora_name)) is not None]
+            except InvalidRequestError as exc:  # unloaded since it was submitted
+                for job in group:
+                    job.reply(outcome.Error(InvalidRequestError(f"request {job.request.rid}: {exc}")))
+                return
+            self._adapter = pinned.served_name if pinned else self._leases[0].served_name if self._leases else None
+            adapters.activate(self._adapter)
         version = self.current_version()  # read before the segment is sent (AReaL PR #1569)
         start = trio.current_time()
         self._stats["batches"] += 1
@@ -278,6 +310,8 @@ class StaticBatcher(Batcher):
             leases, self._leases = self._leases, []
             for lease in leases:
                 adapters.versions.release(lease)  # type: ignore[union-attr]
+            if adapters is not None and self.gate.free:
+                adapters.drop_retired()  # a version drained by this batch goes now (no batch computes)
         end = trio.current_time()
         for job, row in zip(group, rows):
             if job.withdrawn:

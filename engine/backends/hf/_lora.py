@@ -122,9 +122,9 @@ class HFAdapters:
         peft = import_peft()
         check_adapter(adapter, where="the hf backend", base_model=self.base_model_name(), check_base=self.check_base)
         with _PEFT_LOCK:
-            self._load(peft, adapter, served_name)
+            self._load(peft, adapter, served_name, named=named)
 
-    def _load(self, peft: Any, adapter: AdapterWeights, served_name: str) -> None:
+    def _load(self, peft: Any, adapter: AdapterWeights, served_name: str, *, named: bool) -> None:
         key = _config_key(adapter.config)
         slot = next((s for s in self._free if self._slot_config[s] == key), None)
         if slot is not None and self._copy_into(slot, adapter):

@@ -63,7 +63,9 @@ LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_si
                   "split", "subset", "shuffle", "epochs", "prompt_key", "answer_key", "messages_key",
                   "system_prompt", "prompt_template", "skip_bad_rows",
                   # what an episode runs and how it is scored
-                  "workflow", "workflow_kwargs", "reward", "reward_timeout")
+                  "workflow", "workflow_kwargs", "reward", "reward_timeout",
+                  # the policy's LoRA adapter: a resumed part without it would sample the base model
+                  "lora", "lora_name")
 
 
 #: Options of how a run executes (not what its episodes mean): saved in ``run.json``
@@ -130,7 +132,7 @@ def resolve_resume_options(args: Any, explicit: AbstractSet[str]) -> None:
 
 
 #: Locked options that may name a file relative to the directory the run was started from.
-_PATH_OPTIONS = ("dataset", "model", "reward", "workflow")
+_PATH_OPTIONS = ("dataset", "model", "reward", "workflow", "lora")
 
 
 def _from_run_cwd(value: Any, cwd: Any) -> Any:

@@ -175,3 +175,31 @@ async def test_a_server_that_missed_a_version_gets_it_before_readmission(tmp_pat
         for _ in range(4):
             await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=G, metadata={"routing_key": str(_)}))
     assert not any(f.broken for f in fakes.values())
+
+
+async def test_an_update_cancelled_after_the_servers_loaded_it_leaves_nothing_behind(tmp_path, reward_pool):
+    # A new-user trial: update_weights under trio.move_on_after left the new name loaded on the
+    # server, unknown to the backend, and the next update failed ("in use by another client").
+    fake = FakeVLLM()
+    backend = _backend("vllm", {A: fake}, tmp_path, lora=_adapter(tmp_path, "v0"))
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        adapters, scope = backend.adapters, trio.CancelScope()
+        real = adapters._broadcast
+
+        async def broadcast_then_cancelled(urls, method, path, body):
+            answers = await real(urls, method, path, body)
+            if body.get("lora_path"):  # the load answered: the caller is cancelled right then
+                scope.cancel()
+                await trio.sleep(0)
+            return answers
+
+        adapters._broadcast = broadcast_then_cancelled
+        with scope:
+            await engine.update_weights(_adapter(tmp_path, "v1"), version=1)
+        assert scope.cancelled_caught
+        assert list(fake.loras) == ["lora-v0"] and engine.statistics().backend.lora.loaded == ("lora-v0",)
+        assert [p.name.startswith("lora-v0-") for p in (tmp_path / "served").iterdir()] == [True]  # v1's folder gone
+        await engine.update_weights(_adapter(tmp_path, "v2"), version=1)  # the same version again: it loads
+        await backend.adapters.drained()
+        r = await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=G))
+    assert r.output_versions == [1] * 4 and not fake.broken

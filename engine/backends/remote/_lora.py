@@ -158,7 +158,11 @@ class RemoteAdapters:
         await self._check_name(targets)
         folder = await trio.to_thread.run_sync(self._write, weights, served)
         method, path, body = self.wire.lora_load_call(served, str(folder))
-        answers, errors = await self._broadcast(targets, method, path, body)
+        try:
+            answers, errors = await self._broadcast(targets, method, path, body)
+        except BaseException:  # cancelled (or failed) part-way: no server keeps a name we do not know
+            await self._roll_back(served, folder, targets)
+            raise
         if not answers:
             await trio.to_thread.run_sync(shutil.rmtree, folder, True)
             raise BackendError(f"{self.kind}: loading LoRA adapter {served!r} failed on every server: "
@@ -174,6 +178,20 @@ class RemoteAdapters:
                                                     f"{self._explain(errors[server.url])}")
         self.config = dict(weights.config)
         return self.versions.add(self.name, version)
+
+    async def _roll_back(self, served: str, folder: Path, targets: list[str]) -> None:
+        """Undo a load that did not complete (its caller was cancelled, or it raised):
+        unload ``served`` from every server it was sent to (an answer that it is not
+        loaded there is fine) and remove its folder; shielded, within ``abort_timeout_s``
+        (past it a server may keep the name: the next load names it, with the fix)."""
+        method, path, body = self.wire.lora_unload_call(served)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.timeouts.abort_timeout_s) as bound:
+                await self._broadcast(targets, method, path, body)
+            if bound.cancelled_caught:
+                logger.warning("%s: unloading the LoRA adapter %s of a cancelled update took more than %s s",
+                               self.kind, served, self.timeouts.abort_timeout_s)
+            await trio.to_thread.run_sync(shutil.rmtree, folder, True)
 
     async def replay(self, server: Server) -> bool:
         """Load the current version on ``server`` (it missed it) before its re-admission;

@@ -190,7 +190,7 @@ async def test_an_update_cancelled_after_the_servers_loaded_it_leaves_nothing_be
             answers = await real(urls, method, path, body)
             if body.get("lora_path"):  # the load answered: the caller is cancelled right then
                 scope.cancel()
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             return answers
 
         adapters._broadcast = broadcast_then_cancelled

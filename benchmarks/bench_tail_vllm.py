@@ -83,9 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-url", help="a running vLLM server (dev mode, processed logprobs, no chunked prefill, "
                                       "--max-num-seqs B*G); default: start one")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"compared policies (default {DEFAULT_POLICIES})")
-    p.add_argument("--fcfs-policies", default="length_aware",
-                   help="policies also run on a server with vLLM's fcfs policy (no priorities); '' for none "
-                        "(default length_aware; ignored with --vllm-url)")
+    p.add_argument("--fcfs-policies", default="overprovision,length_aware",
+                   help="policies also run on a server with vLLM's fcfs policy, where no priority is sent (the "
+                        "two that set priorities: recycled segments first, longer groups first); '' for none "
+                        "(default overprovision,length_aware; ignored with --vllm-url)")
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds, each a run of every policy (default 0,1)")
     p.add_argument("--steps", type=int, default=16, help="measured trainer steps (default 16)")
     p.add_argument("--cooldown-steps", type=int, default=4, help="extra batches of prompts (default 4)")

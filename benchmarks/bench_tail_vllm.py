@@ -52,6 +52,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -96,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cap-ratio", type=float, default=6.0, help="max_new_tokens / median (default 6, as the sim's)")
     p.add_argument("--train-step-s", type=float, help="trainer step, seconds (default: derived from the calibration)")
     p.add_argument("--max-head-offpolicyness", type=int, default=1, help="eta (default 1)")
+    p.add_argument("--policy-settings", default="{}",
+                   help='JSON {policy: {EngineConfig field: value}} over the scaled defaults (probe and chunk at half '
+                        'the median), e.g. \'{"overprovision": {"overprovision_chunk_tokens": null}}\'; both backends')
     p.add_argument("--calibration-tokens", type=int, default=128, help="tokens per calibration request (default 128)")
     p.add_argument("--calibration-repeats", type=int, default=3, help="repeats per calibration point (default 3)")
     p.add_argument("--out", default="benchmarks/results/bench_tail_vllm.json", help="JSON output")
@@ -207,6 +213,35 @@ def _vllm_rows(cfg: TailConfig, policies: tuple[str, ...], seeds: tuple[int, ...
     return [{**r, "backend": "vllm", "server_policy": server_policy} for r in rows]
 
 
+def _parse_settings(text: str) -> dict[str, dict[str, Any]]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"--policy-settings must be a JSON object, got {text!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"--policy-settings must be a JSON object of objects ({{policy: {{field: value}}}}), got {text!r}")
+    parse_policies(",".join(value) or "sync")  # names known
+    return value
+
+
+def _merge(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {p: {**base.get(p, {}), **extra.get(p, {})} for p in {*base, *extra}}
+
+
+#: a row measured while the 1-minute load average was above this many times the CPU count is marked noisy
+NOISY_LOAD_PER_CPU = 2.0
+
+
+def _noisy(rows: list[dict[str, Any]]) -> list[str]:
+    limit = NOISY_LOAD_PER_CPU * (os.cpu_count() or 1)
+    out = []
+    for r in rows:
+        loads = [x for s in r.get("per_seed", []) for x in (s["load_avg_1m_before"], s["load_avg_1m_after"])]
+        if loads and max(loads) > limit:
+            out.append(f"{r['policy']}@{r['server_policy']}")
+    return out
+
+
 def _reference_ranking(policies: tuple[str, ...]) -> list[str] | None:
     try:
         return ranking(json.loads(REFERENCE.read_text())["results"], policies)
@@ -219,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fcfs_policies.strip() and not args.vllm_url:
         fcfs_policies = parse_policies(args.fcfs_policies)
     seeds = parse_seeds(args.seeds)
+    extra_settings = _parse_settings(args.policy_settings)
     k = args.groups_per_step * args.group_size
     scale = {"out_len_median": args.out_len_median, "cap_ratio": args.cap_ratio, "groups_per_step": args.groups_per_step,
              "group_size": args.group_size, "steps": args.steps, "cooldown_steps": args.cooldown_steps,
@@ -250,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
                 sim = fit_sim(before, max_running_seqs=k, base=TAIL_SIM,
                               scheduling_policy=facts[server_policy]["scheduling_policy"] or "fcfs")
                 cfg = scaled_config(sim, **scale)
-                settings = policy_settings(cfg)
+                settings = _merge(policy_settings(cfg), extra_settings)
                 calibration["before"] = before.to_dict()
                 calibration["fitted_sim"] = {f: getattr(sim, f) for f in ("per_token_s", "decode_slowdown_per_seq",
                                                                          "prefill_s", "max_running_seqs")}
@@ -289,11 +325,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"ranking full-scale sim (reference): {' > '.join(comparison['ranking']['reference_sim'])}")
     print(f"kendall tau {comparison['kendall_tau']}, same order: {comparison['same_order']}, every disagreement "
           f"within the seeds' noise: {comparison['agree_beyond_noise']}")
+    noisy = _noisy(vllm_all)
+    if noisy:
+        print(f"warning: the load average exceeded {NOISY_LOAD_PER_CPU:g} x {os.cpu_count()} CPUs during {', '.join(noisy)}: "
+              "wall-clock numbers of a shared box, re-run on a quiet one")
     config = {**cfg.to_dict(), "seeds": list(seeds), "policies": list(policies), "fcfs_policies": list(fcfs_policies),
               "settings": settings, "server_args": server_args, "servers": facts,
               "vllm_version": next(iter(facts.values()))["vllm_version"] if facts else None}
     path = write_json(args.out, "bench_tail_vllm", config, results, calibration=calibration, comparison=comparison,
-                      comparison_fcfs_server=fcfs_cmp,
+                      comparison_fcfs_server=fcfs_cmp, noisy_rows=noisy,
+                      noisy_rule=f"load_avg_1m > {NOISY_LOAD_PER_CPU} x cpus before or after a run",
                       load_avg_end=[round(x, 2) for x in os.getloadavg()])
     print(f"wrote {path}")
     return 0
@@ -308,12 +349,25 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminated)
     try:
         return run(args)
-    except (ValueError, RuntimeError, BackendError, httpx.HTTPError, subprocess.SubprocessError) as exc:
-        print(f"bench_tail_vllm: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench_tail_vllm: interrupted (servers stopped)", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # one line for what we expect, also out of a trio nursery's group
+        leaf = _leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt):
+            print("bench_tail_vllm: interrupted (servers stopped)", file=sys.stderr)
+            return 130
+        if isinstance(leaf, _EXPECTED):
+            print(f"bench_tail_vllm: error: {leaf}", file=sys.stderr)
+            return 1
+        raise
+
+
+_EXPECTED = (ValueError, RuntimeError, BackendError, httpx.HTTPError, subprocess.SubprocessError)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 if __name__ == "__main__":

@@ -51,7 +51,6 @@ import dataclasses
 import logging
 import math
 import os
-import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -78,9 +77,13 @@ class Calibration:
     for each running sequence).
 
     Attributes:
-        step_s: running sequences -> seconds per decode step (median of the repeats).
+        step_s: running sequences -> seconds per decode step (the fastest of the repeats: on a
+            shared box other processes only ever add time).
         tokens_per_s: running sequences -> output tokens per second in all.
-        request_s: latency of a lone one-token request (seconds: the per-request cost).
+        request_s: latency of a lone one-token request (seconds).
+        request_serial_s: seconds per request when many arrive at once (one-token requests:
+            the API server's and scheduler's own cost, paid one request after another on the
+            CPU; the sim's prefill is per slot, in parallel).
         tokens: tokens per sequence in each measurement.
         repeats: measurements per point.
         load_avg: the 1-minute load average before and after.
@@ -94,6 +97,7 @@ class Calibration:
     repeats: int
     load_avg: tuple[float, float]
     samples: dict[int, list[float]]
+    request_serial_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,12 +117,30 @@ async def _completion(client: httpx.AsyncClient, url: str, prompt: list[int], to
     return len(answer.json()["choices"][0]["token_ids"])
 
 
+async def _burst(client: httpx.AsyncClient, url: str, k: int, tokens: int, prompt_len: int, r: int, model: str) -> float:
+    """Seconds for ``k`` concurrent requests of ``tokens`` forced tokens each (prompts differ by ``r``)."""
+    got: list[int] = []
+
+    async def one(i: int) -> None:
+        ids = [3 + (i * 31 + r * 7 + j) % 253 for j in range(prompt_len)]
+        got.append(await _completion(client, url, ids, tokens, model))
+
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for i in range(k):
+            nursery.start_soon(one, i)
+    if sum(got) != k * tokens:
+        raise httpx.HTTPError(f"calibration: {sum(got)} tokens for {k} x {tokens} (ignore_eos not honoured?)")
+    return trio.current_time() - t0
+
+
 async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), tokens: int = 128, repeats: int = 3,
                     prompt_len: int = 32, model: str = "tiny") -> Calibration:
     """Measure the decode step time at each of ``seqs`` running sequences: ``k``
     concurrent ``ignore_eos`` requests of ``tokens`` tokens, ``repeats`` times (wall time /
-    ``tokens``: prefill and the per-request cost included, as in a run), and a lone
-    one-token request's latency.
+    ``tokens``: prefill and the per-request cost included, as in a run), a lone
+    one-token request's latency, and the serial cost of a request (``max(seqs)`` one-token
+    requests at once: wall time / count).
 
     Raises:
         httpx.HTTPError: the server failed a request (or answered another token count).
@@ -135,24 +157,13 @@ async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), token
             lone.append(trio.current_time() - t0)
         for r in range(repeats):
             for k in seqs:
-                got: list[int] = []
-
-                async def one(i: int) -> None:
-                    ids = [3 + (i * 31 + r * 7 + j) % 253 for j in range(prompt_len)]
-                    got.append(await _completion(client, url, ids, tokens, model))
-
-                t0 = trio.current_time()
-                async with trio.open_nursery() as nursery:
-                    for i in range(k):
-                        nursery.start_soon(one, i)
-                wall = trio.current_time() - t0
-                if sum(got) != k * tokens:
-                    raise httpx.HTTPError(f"calibration: {sum(got)} tokens for {k} x {tokens} (ignore_eos not honoured?)")
-                samples[k].append(wall / tokens)
-    step = {k: statistics.median(v) for k, v in samples.items()}
+                samples[k].append(await _burst(client, url, k, tokens, prompt_len, r, model) / tokens)
+        burst = max(seqs)  # that many one-token requests at once: the server's serial cost per request
+        serial = [await _burst(client, url, burst, 1, prompt_len, r, model) / burst for r in range(repeats)]
+    step = {k: min(v) for k, v in samples.items()}
     return Calibration(step_s={k: round(v, 6) for k, v in step.items()},
                        tokens_per_s={k: round(k / v, 1) for k, v in step.items()},
-                       request_s=round(statistics.median(lone), 6), tokens=tokens, repeats=repeats,
+                       request_s=round(min(lone), 6), request_serial_s=round(min(serial), 6), tokens=tokens, repeats=repeats,
                        load_avg=(round(load0, 2), round(os.getloadavg()[0], 2)),
                        samples={k: [round(x, 6) for x in v] for k, v in samples.items()})
 

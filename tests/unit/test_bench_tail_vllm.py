@@ -126,6 +126,7 @@ async def test_every_request_carries_the_sim_draws_length_with_ignore_eos(policy
     server = e["server"]
     assert obs.decoded_tokens == server["returned_tokens"] + server["unreturned_tokens"]  # the server's own counter
     assert server["unreturned_tokens"] >= 0 and server["unreturned_attributed"] <= server["unreturned_tokens"]
+    assert server["client_in_flight_mean"] >= server["running_mean"] > 0  # what the client sent includes what runs
     record = summarize(CFG, obs)
     assert record["length_bias_ks"] is not None and 0 <= record["thrown_away_token_fraction"] < 1
     assert 0 < record["slot_occupancy"] <= 1

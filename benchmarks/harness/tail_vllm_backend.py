@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +170,10 @@ class ForcedLengthVLLM(VLLMBackend):
 
 @dataclass(frozen=True)
 class MetricsSample:
-    """One read of ``GET /metrics`` (``t_s``: trio time of the read)."""
+    """One read of ``GET /metrics`` (``t_s``: trio time of the read; ``running``: requests the
+    engine core decodes, ``waiting``: queued in it; ``client``: requests the client had sent
+    and not yet seen answered: the difference to ``running + waiting`` is inside the API
+    server, being parsed or answered)."""
 
     t_s: float
     running: float
@@ -178,6 +181,7 @@ class MetricsSample:
     generation_tokens: float
     prompt_tokens: float
     preemptions: float
+    client: float = 0.0  # requests the client had outstanding at the read (poll's in_flight)
 
 
 _NAMES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -233,11 +237,15 @@ class ServerMetrics:
         answer.raise_for_status()
         return MetricsSample(trio.current_time(), **parse_metrics(answer.text))
 
-    async def poll(self, client: httpx.AsyncClient) -> None:
-        """Append a sample every ``interval_s`` until cancelled (a failed read is skipped)."""
+    async def poll(self, client: httpx.AsyncClient, in_flight: Callable[[], int] | None = None) -> None:
+        """Append a sample every ``interval_s`` until cancelled (a failed read is skipped);
+        ``in_flight()``: the client's outstanding requests, read as the answer arrives."""
         while True:
             try:
-                self.samples.append(await self.read(client))
+                sample = await self.read(client)
+                if in_flight is not None:
+                    sample = dataclasses.replace(sample, client=float(in_flight()))
+                self.samples.append(sample)
             except httpx.HTTPError:
                 pass
             await trio.sleep(self.interval_s)
@@ -254,7 +262,7 @@ class ServerMetrics:
         return total
 
     def mean(self, name: str, start_s: float, end_s: float) -> float | None:
-        """Mean of a gauge (``"running"``, ``"waiting"``) over the samples in ``[start_s, end_s]``."""
+        """Mean of a gauge (``"running"``, ``"waiting"``, ``"client"``) over the samples in ``[start_s, end_s]``."""
         values = [getattr(s, name) for s in self.samples if start_s <= s.t_s <= end_s]
         return sum(values) / len(values) if values else None
 

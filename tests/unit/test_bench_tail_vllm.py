@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from dataclasses import replace
 
 import pytest
 import trio
 
 from benchmarks import bench_tail_vllm
+from benchmarks.harness.cpu_share import CpuShare
 from benchmarks.harness.tail_config import TAIL_SIM, TailConfig
 from benchmarks.harness.tail_metrics import summarize
 from benchmarks.harness.tail_vllm import Calibration, fit_sim, observe_vllm, policy_settings, scaled_config
@@ -124,6 +126,7 @@ async def test_every_request_carries_the_sim_draws_length_with_ignore_eos(policy
     server = e["server"]
     assert obs.decoded_tokens == server["returned_tokens"] + server["unreturned_tokens"]  # the server's own counter
     assert server["unreturned_tokens"] >= 0 and server["unreturned_attributed"] <= server["unreturned_tokens"]
+    assert server["client_in_flight_mean"] >= server["running_mean"] > 0  # what the client sent includes what runs
     record = summarize(CFG, obs)
     assert record["length_bias_ks"] is not None and 0 <= record["thrown_away_token_fraction"] < 1
     assert 0 < record["slot_occupancy"] <= 1
@@ -255,3 +258,14 @@ def test_bad_options_are_one_line_before_any_server_starts(argv, message, capsys
     assert bench_tail_vllm.main([*argv, "--run-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("bench_tail_vllm: error:") and message in err
+
+
+def test_the_cpu_share_of_others_is_what_the_benchmark_did_not_use():
+    meter = CpuShare()
+    meter.start()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # this process's own CPU time: 0.3 s
+        pass
+    share = meter.stop()
+    assert 0 < share["cpu_own_share"] <= share["cpu_busy_share"] <= 1
+    assert share["cpu_others_share"] == pytest.approx(share["cpu_busy_share"] - share["cpu_own_share"], abs=0.002)

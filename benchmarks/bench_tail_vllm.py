@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                    help='JSON {policy: {EngineConfig field: value}} over the scaled defaults (probe and chunk at half '
                         'the median), e.g. \'{"overprovision": {"overprovision_chunk_tokens": null}}\'; both backends')
     p.add_argument("--calibration-tokens", type=int, default=64, help="tokens per calibration request (default 64)")
-    p.add_argument("--calibration-repeats", type=int, default=2, help="repeats per calibration point (default 2)")
+    p.add_argument("--calibration-repeats", type=int, default=3, help="repeats per calibration point, their median "
+                                                                         "is used (default 3)")
     p.add_argument("--out", default="benchmarks/results/bench_tail_vllm.json", help="JSON output")
     p.add_argument("--run-dir", default="rollout-out/bench_tail_vllm", help="the tiny model, server logs, pid files")
     p.add_argument("--venv", default=os.environ.get("TRIO_ROLLOUT_VLLM_VENV", str(ROOT / ".venv-vllm")),
@@ -295,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
                 settings = _merge(policy_settings(cfg), extra_settings)
                 calibration["before"] = before.to_dict()
                 calibration["fitted_sim"] = {f: getattr(sim, f) for f in ("per_token_s", "decode_slowdown_per_seq",
-                                                                         "prefill_s", "max_running_seqs")}
+                                                                         "prefill_s", "prefill_s_per_token", "frontend_s_per_request",
+                                                                         "max_running_seqs")}
                 _say(f"fitted: {calibration['fitted_sim']}, train_step_s {cfg.train_step_s}")
             results += _vllm_rows(cfg, names, seeds, url, server_policy, settings,
                                   set() if server is None else {server.pid})

@@ -39,10 +39,12 @@ throughput stops growing there.  What is kept from the sim scenario, and how:
   running sequences (the sim's step cost is a line; the CPU's is not quite one, the points
   between are in the JSON), ``prefill_s`` the latency of a lone one-token request, no KV
   limit (the server holds 1M tokens: nothing is preempted), the server's
-  ``--scheduling-policy``.  What the sim cannot hold: on the CPU a request costs the API
-  server and the scheduler ~7 ms *one after another* (``request_serial_s``), the sim's
-  prefill is per slot, in parallel; a policy that cuts generations into many segments
-  (``overprovision``'s chunks) pays that serially on vLLM only.
+  ``--scheduling-policy``, and the two costs a first reference run (2026-12-02) showed
+  missing: on the CPU a request costs the API server and the scheduler ~10 ms *one after
+  another* (``request_serial_s`` -> the sim's ``frontend_s_per_request``, a serial queue
+  in front of the slots), and a resumed segment re-prefills its prompt and partial output
+  (``prefill_s_per_token``); ``overprovision``'s chunks sent 3.2x the requests and 7.3x
+  the prompt tokens of ``fcfs`` there.  Calibration points are medians of the repeats.
 
 The client (engine, workflow, trainer) runs on the same 2 cores as the server: its CPU
 time is part of what is measured, as on a real rollout node it would not be.
@@ -54,6 +56,7 @@ import dataclasses
 import logging
 import math
 import os
+import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,6 +73,9 @@ from .tail_vllm_backend import ForcedLengthVLLM, ServerMetrics, forced_draw
 
 __all__ = ["Calibration", "calibrate", "fit_sim", "observe_vllm", "policy_settings", "run_policy_vllm", "scaled_config"]
 
+#: prompt tokens of :func:`calibrate`'s lone request (its default ``prompt_len``)
+CALIBRATION_PROMPT_LEN = 32
+
 #: the sim scenario's trainer step over its server-bound generation time per step (10 s / 18.5 s)
 TRAIN_TO_GENERATION = 0.54
 
@@ -80,13 +86,17 @@ class Calibration:
     for each running sequence).
 
     Attributes:
-        step_s: running sequences -> seconds per decode step (the fastest of the repeats: on a
-            shared box other processes only ever add time).
+        step_s: running sequences -> seconds per decode step (the median of the repeats: a
+            burst's wall time over its tokens, so the serial per-request cost is in it; the
+            repeats at 16-128 sequences spread up to 11x on a quiet box, so the fastest one
+            over-states what a run sees).
         tokens_per_s: running sequences -> output tokens per second in all.
         request_s: latency of a lone one-token request (seconds).
         request_serial_s: seconds per request when many arrive at once (one-token requests:
             the API server's and scheduler's own cost, paid one request after another on the
-            CPU; the sim's prefill is per slot, in parallel).
+            CPU; median of the repeats): the fitted sim's ``frontend_s_per_request``.
+        prefill_s_per_token: seconds per extra prompt token of a lone one-token request
+            (a long prompt's latency minus a short one's, over the difference in tokens).
         tokens: tokens per sequence in each measurement.
         repeats: measurements per point.
         load_avg: the 1-minute load average before and after.
@@ -101,6 +111,7 @@ class Calibration:
     load_avg: tuple[float, float]
     samples: dict[int, list[float]]
     request_serial_s: float | None = None
+    prefill_s_per_token: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,12 +149,14 @@ async def _burst(client: httpx.AsyncClient, url: str, k: int, tokens: int, promp
 
 
 async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), tokens: int = 128, repeats: int = 3,
-                    prompt_len: int = 32, model: str = "tiny") -> Calibration:
+                    prompt_len: int = CALIBRATION_PROMPT_LEN, long_prompt_len: int = 512, model: str = "tiny") -> Calibration:
     """Measure the decode step time at each of ``seqs`` running sequences: ``k``
     concurrent ``ignore_eos`` requests of ``tokens`` tokens, ``repeats`` times (wall time /
     ``tokens``: prefill and the per-request cost included, as in a run), a lone
     one-token request's latency, and the serial cost of a request (``max(seqs)`` one-token
-    requests at once: wall time / count).
+    requests at once: wall time / count), and the prefill cost of a prompt token (lone
+    one-token requests with ``long_prompt_len`` and with ``prompt_len`` tokens).  Medians of
+    the repeats.
 
     Raises:
         httpx.HTTPError: the server failed a request (or answered another token count).
@@ -153,20 +166,26 @@ async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), token
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None)) as client:
         prompt = [3 + (i * 37) % 253 for i in range(prompt_len)]
         await _completion(client, url, prompt, 8, model)  # warm-up
-        lone = []
-        for _ in range(repeats):
+        lone, lone_long = [], []
+        for r in range(repeats):
             t0 = trio.current_time()
             await _completion(client, url, prompt, 1, model)
             lone.append(trio.current_time() - t0)
+            long_prompt = [3 + (i * 41 + r * 13) % 253 for i in range(long_prompt_len)]  # no cached prefix
+            t0 = trio.current_time()
+            await _completion(client, url, long_prompt, 1, model)
+            lone_long.append(trio.current_time() - t0)
         for r in range(repeats):
             for k in seqs:
                 samples[k].append(await _burst(client, url, k, tokens, prompt_len, r, model) / tokens)
         burst = max(seqs)  # that many one-token requests at once: the server's serial cost per request
         serial = [await _burst(client, url, burst, 1, prompt_len, r, model) / burst for r in range(repeats)]
-    step = {k: min(v) for k, v in samples.items()}
+    step = {k: statistics.median(v) for k, v in samples.items()}
+    per_prompt_token = (statistics.median(lone_long) - statistics.median(lone)) / max(long_prompt_len - prompt_len, 1)
     return Calibration(step_s={k: round(v, 6) for k, v in step.items()},
                        tokens_per_s={k: round(k / v, 1) for k, v in step.items()},
-                       request_s=round(min(lone), 6), request_serial_s=round(min(serial), 6), tokens=tokens, repeats=repeats,
+                       request_s=round(statistics.median(lone), 6), request_serial_s=round(statistics.median(serial), 6),
+                       prefill_s_per_token=round(max(per_prompt_token, 0.0), 8), tokens=tokens, repeats=repeats,
                        load_avg=(round(load0, 2), round(os.getloadavg()[0], 2)),
                        samples={k: [round(x, 6) for x in v] for k, v in samples.items()})
 
@@ -175,9 +194,13 @@ def fit_sim(cal: Calibration, *, max_running_seqs: int, base: SimConfig, schedul
     """The sim fitted to ``cal`` (module docstring): the sim's line ``step(k) = a (1 + s (k -
     1))`` through the two regimes that set a step's time, the lone sequence (the tail: ``a =
     step(1)``) and the full server (``k = max_running_seqs``, or the largest measured ``k``
-    below it: ``s = (step(k) / a - 1) / (k - 1)``); the points between are the check of the
-    line (the JSON has them).  ``prefill_s`` = the lone one-token request's latency minus one
-    step; no per-token prefill, no KV limit.  The length model and seed stay ``base``'s.
+    below it: ``s = (step(k) / a - 1) / (k - 1)``, with ``step(k)`` less the burst's serial
+    front-end share ``k * request_serial_s / tokens``); the points between are the check of the
+    line (the JSON has them).  ``frontend_s_per_request`` = ``request_serial_s`` (the API
+    server's serial cost per request: what a policy that sends many segments pays on vLLM);
+    ``prefill_s_per_token`` as measured; ``prefill_s`` = the lone one-token request's latency
+    minus one step, its front end and its prompt's prefill; no KV limit.  The length model and
+    seed stay ``base``'s.
 
     Raises:
         ValueError: no measurement at 1 sequence, or none at 2 to ``max_running_seqs``.
@@ -187,11 +210,16 @@ def fit_sim(cal: Calibration, *, max_running_seqs: int, base: SimConfig, schedul
         raise ValueError(f"fit_sim needs step times at 1 and at 2 to {max_running_seqs} running sequences, "
                          f"got {sorted(cal.step_s)}")
     a = cal.step_s[1]
+    serial = cal.request_serial_s or 0.0
+    per_prompt_token = cal.prefill_s_per_token or 0.0
     k, step_k = points[-1]
+    step_k = max(step_k - k * serial / cal.tokens, a)
     slowdown = max(step_k / a - 1.0, 0.0) / (k - 1)
+    prefill = cal.request_s - a - serial - CALIBRATION_PROMPT_LEN * per_prompt_token
     return replace(base, per_token_s=round(a, 6), decode_slowdown_per_seq=round(slowdown, 6),
-                   prefill_s=round(max(cal.request_s - a, 0.0), 6), prefill_s_per_token=0.0,
-                   max_running_seqs=max_running_seqs, kv_token_budget=None, scheduling_policy=scheduling_policy)
+                   prefill_s=round(max(prefill, 0.0), 6), prefill_s_per_token=round(per_prompt_token, 8),
+                   frontend_s_per_request=round(serial, 6), max_running_seqs=max_running_seqs, kv_token_budget=None,
+                   scheduling_policy=scheduling_policy)
 
 
 def scaled_config(sim: SimConfig, *, out_len_median: int = 64, cap_ratio: float = 6.0, groups_per_step: int = 8,

@@ -231,6 +231,17 @@ def test_fit_sim_by_hand_and_the_scaled_scenario():
         fit_sim(replace(cal, step_s={1: 0.003}), max_running_seqs=64, base=TAIL_SIM)
 
 
+def test_fit_sim_takes_the_serial_front_end_out_of_the_burst():
+    # a burst of 64 x 128 tokens took 0.02 s per token; 64 requests x 10 ms of them went through
+    # the front end one at a time: the decode step is 0.02 - 64 * 0.01 / 128 = 0.015 s
+    cal = Calibration(step_s={1: 0.003, 64: 0.02}, tokens_per_s={}, request_s=0.02, tokens=128, repeats=3,
+                      load_avg=(0.0, 0.0), samples={}, request_serial_s=0.01, prefill_s_per_token=1e-4)
+    sim = fit_sim(cal, max_running_seqs=64, base=TAIL_SIM)
+    assert sim.frontend_s_per_request == 0.01 and sim.prefill_s_per_token == 1e-4
+    assert sim.decode_slowdown_per_seq == pytest.approx((0.015 / 0.003 - 1) / 63, abs=1e-6)
+    assert sim.prefill_s == pytest.approx(0.02 - 0.003 - 0.01 - 32 * 1e-4, abs=1e-6)  # lone: step + front end + prompt
+
+
 def test_rankings_and_their_agreement():
     assert kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
     assert kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0

@@ -86,6 +86,27 @@ def test_server_model_rate_changes_are_exact():
     assert model.occupied == 0 and model.decoding == 0
 
 
+async def test_frontend_serves_requests_one_at_a_time(reward_pool, autojump_clock):
+    # 0.5 s of front end each, then 2 tokens x 1 s on an unbounded server: the front end
+    # lets them through 0.5 s apart, so they end at 2.5, 3.0, 3.5, 4.0 (not all at 2.5)
+    cfg = SimConfig(vocab_size=50, per_token_s=1.0, out_len_median=2, frontend_s_per_request=0.5)
+    async with open_rollout_engine(SimBackend(cfg), reward_pool=reward_pool) as engine:
+        ends = await _finish_times(engine, [(i + 10,) for i in range(4)], max_new_tokens=2)
+    assert sorted(ends) == pytest.approx([2.5, 3.0, 3.5, 4.0])
+
+
+async def test_request_cancelled_in_the_frontend_takes_no_draw(reward_pool, autojump_clock):
+    cfg = SimConfig(vocab_size=50, per_token_s=1.0, out_len_median=3, frontend_s_per_request=1.0)
+    backend = SimBackend(cfg, record=True)
+    async with open_rollout_engine(backend, reward_pool=reward_pool) as engine:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.agenerate, _req((1,)))  # holds the front end for 1 s
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.5):  # still waiting behind the first
+                await engine.agenerate(_req((2,)))
+    assert len(backend.requests) == 1  # only the first one was drawn
+
+
 async def test_cancelled_request_frees_its_slot(reward_pool, autojump_clock):
     cfg = SimConfig(vocab_size=50, prefill_s=0.0, per_token_s=1.0, out_len_median=100, max_running_seqs=1)
     backend = SimBackend(cfg)
@@ -253,6 +274,8 @@ def test_config_validation_names_the_field():
         SimConfig(max_running_seqs=0)
     with pytest.raises(InvalidRequestError, match="decode_slowdown_per_seq"):
         SimConfig(decode_slowdown_per_seq=-1.0)
+    with pytest.raises(InvalidRequestError, match="frontend_s_per_request"):
+        SimConfig(frontend_s_per_request=-0.1)
     with pytest.raises(ValueError, match="token_pool"):
         tile_pool([])
     with pytest.raises(InvalidRequestError, match="token_pool"):  # the backend's config error

@@ -137,6 +137,8 @@ class SimBackend(PerRequestBackend):
         self.tokens_discarded = 0
         self.requests_aborted = 0
         self._live: dict[str, _Live] = {}  # rid -> request on the event clock
+        # the serial front end (frontend_s_per_request): requests pass it one at a time, FIFO
+        self._frontend = trio.Lock() if cfg.frontend_s_per_request > 0 else None
         # One event clock for every request, even when they do not interact: waking
         # a parked task is much cheaper than a trio.sleep per request (a timeout is
         # a cancellation: an exception raised and caught per wake-up).
@@ -283,6 +285,9 @@ class SimBackend(PerRequestBackend):
         cfg = self.config
         version = self.version  # read before the segment is sent (AReaL PR #1569)
         start = trio.current_time()
+        if self._frontend is not None:  # before any draw: a request cancelled here takes none
+            async with self._frontend:
+                await trio.sleep(cfg.frontend_s_per_request)
         prompt_len = len(request.input_ids)
         resume = self._resumes.pop(request.rid, None)
         if resume is not None:  # the rest of an aborted request, or of one cut at its budget (a chunk)

@@ -64,6 +64,13 @@ class SimConfig:
             keeping its tokens and re-prefills prompt + output when readmitted).
         scheduling_policy: admission order when the server is full, one of
             :data:`SCHEDULING_POLICIES` (vLLM ``--scheduling-policy``).
+        frontend_s_per_request: seconds each request holds the server's front end, one
+            request at a time, before it reaches the scheduler (``0``: none).  Models the
+            serial per-request work of an API-server process (HTTP, tokenisation,
+            handing the request to the engine): measured ~10 ms on the vLLM 0.32 CPU
+            server here (``benchmarks/harness/tail_vllm.py``, ``request_serial_s``), where a
+            policy that splits generations into many segments pays it once per segment.
+            Not part of :func:`simulate_makespan`'s ideal.
     """
 
     vocab_size: int = 49152
@@ -86,10 +93,11 @@ class SimConfig:
     difficulty_sigma: float = 0.0
     kv_token_budget: int | None = None
     scheduling_policy: str = "fcfs"
+    frontend_s_per_request: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prefill_s", "prefill_s_per_token", "per_token_s", "out_len_sigma", "decode_slowdown_per_seq",
-                     "difficulty_sigma"):
+                     "difficulty_sigma", "frontend_s_per_request"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InvalidRequestError(f"SimConfig.{name} must be a finite number >= 0, got {value!r}")

@@ -53,6 +53,7 @@ time is part of what is measured, as on a real rollout node it would not be.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -73,6 +74,8 @@ from .tail_vllm_backend import ForcedLengthVLLM, ServerMetrics, forced_draw
 
 __all__ = ["Calibration", "calibrate", "fit_sim", "observe_vllm", "policy_settings", "run_policy_vllm", "scaled_config"]
 
+_CALIBRATION_IDS = itertools.count()
+
 #: prompt tokens of :func:`calibrate`'s lone request (its default ``prompt_len``)
 CALIBRATION_PROMPT_LEN = 32
 
@@ -86,10 +89,8 @@ class Calibration:
     for each running sequence).
 
     Attributes:
-        step_s: running sequences -> seconds per decode step (the median of the repeats: a
-            burst's wall time over its tokens, so the serial per-request cost is in it; the
-            repeats at 16-128 sequences spread up to 11x on a quiet box, so the fastest one
-            over-states what a run sees).
+        step_s: requests in flight -> seconds per decode step in steady state (``k`` over
+            the server's output tokens per second; the median of the repeats).
         tokens_per_s: running sequences -> output tokens per second in all.
         request_s: latency of a lone one-token request (seconds).
         request_serial_s: seconds per request when many arrive at once (one-token requests:
@@ -97,6 +98,8 @@ class Calibration:
             CPU; median of the repeats): the fitted sim's ``frontend_s_per_request``.
         prefill_s_per_token: seconds per extra prompt token of a lone one-token request
             (a long prompt's latency minus a short one's, over the difference in tokens).
+        running_mean: requests in flight -> the server's mean running-requests gauge while
+            they were (below ``k``: the rest were in the API server or queued).
         tokens: tokens per sequence in each measurement.
         repeats: measurements per point.
         load_avg: the 1-minute load average before and after.
@@ -112,6 +115,7 @@ class Calibration:
     samples: dict[int, list[float]]
     request_serial_s: float | None = None
     prefill_s_per_token: float | None = None
+    running_mean: dict[int, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,6 +123,7 @@ class Calibration:
 
 async def _completion(client: httpx.AsyncClient, url: str, prompt: list[int], tokens: int, model: str) -> int:
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,
+            "request_id": f"calibration-{next(_CALIBRATION_IDS)}",
             "temperature": 1.0, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
     for attempt in range(3):  # uvicorn may close a kept-alive connection as it is reused: send again
         try:
@@ -148,22 +153,57 @@ async def _burst(client: httpx.AsyncClient, url: str, k: int, tokens: int, promp
     return trio.current_time() - t0
 
 
-async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), tokens: int = 128, repeats: int = 3,
-                    prompt_len: int = CALIBRATION_PROMPT_LEN, long_prompt_len: int = 512, model: str = "tiny") -> Calibration:
-    """Measure the decode step time at each of ``seqs`` running sequences: ``k``
-    concurrent ``ignore_eos`` requests of ``tokens`` tokens, ``repeats`` times (wall time /
-    ``tokens``: prefill and the per-request cost included, as in a run), a lone
-    one-token request's latency, and the serial cost of a request (``max(seqs)`` one-token
-    requests at once: wall time / count), and the prefill cost of a prompt token (lone
-    one-token requests with ``long_prompt_len`` and with ``prompt_len`` tokens).  Medians of
-    the repeats.
+async def _steady(client: httpx.AsyncClient, url: str, k: int, tokens: int, prompt_len: int, model: str,
+                  metrics: ServerMetrics, *, warmup_s: float, window_s: float) -> tuple[float, float]:
+    """``(output tokens per second, mean running-requests gauge)`` of the server while ``k``
+    clients each keep one request of ``tokens`` forced tokens in flight (a new one the moment
+    the last answers): the server's own ``vllm:generation_tokens_total`` over ``window_s``
+    seconds after ``warmup_s``; then the clients leave and the server drains (aborts landed)."""
+    async def client_loop(i: int) -> None:
+        n = 0
+        while True:
+            await _completion(client, url, [3 + (i * 31 + n * 7 + j) % 253 for j in range(prompt_len)], tokens, model)
+            n += 1
+
+    running: list[float] = []
+    async with trio.open_nursery() as nursery:
+        for i in range(k):
+            nursery.start_soon(client_loop, i)
+        await trio.sleep(warmup_s)
+        first = await metrics.read(client)
+        last = first
+        while last.t_s - first.t_s < window_s:
+            await trio.sleep(min(metrics.interval_s, max(first.t_s + window_s - trio.current_time(), 0.0)))
+            last = await metrics.read(client)
+            running.append(last.running)
+        nursery.cancel_scope.cancel()
+    await metrics.wait_idle(client)
+    return (last.generation_tokens - first.generation_tokens) / (last.t_s - first.t_s), sum(running) / len(running)
+
+
+async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), tokens: int = 64, repeats: int = 2,
+                    prompt_len: int = CALIBRATION_PROMPT_LEN, long_prompt_len: int = 512, model: str = "tiny",
+                    warmup_s: float = 2.0, window_s: float = 6.0,
+                    transport: httpx.AsyncBaseTransport | None = None) -> Calibration:
+    """Measure the server's decode cost at each of ``seqs`` requests in flight, in steady
+    state (:func:`_steady`: ``k`` clients each keep one ``ignore_eos`` request of ``tokens``
+    tokens in flight for ``window_s`` seconds after ``warmup_s``; the step time at ``k`` is
+    ``k`` over the tokens per second the server counted, so admission, prefill and the API
+    server's own work are in it, as in a run), ``repeats`` times; a lone one-token request's
+    latency; the serial cost of a request (``max(seqs)`` one-token requests at once: wall
+    time / count); the prefill cost of a prompt token (lone one-token requests with
+    ``long_prompt_len`` and with ``prompt_len`` tokens).  Medians of the repeats.  (A first
+    version timed bursts of ``k`` requests sent at once: their ramp and drain spread the
+    repeats up to 11x at 64 sequences.)
 
     Raises:
         httpx.HTTPError: the server failed a request (or answered another token count).
     """
     load0 = os.getloadavg()[0]
     samples: dict[int, list[float]] = {k: [] for k in seqs}
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None)) as client:
+    running: dict[int, list[float]] = {k: [] for k in seqs}
+    metrics = ServerMetrics(url, interval_s=0.5)
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None), transport=transport) as client:
         prompt = [3 + (i * 37) % 253 for i in range(prompt_len)]
         await _completion(client, url, prompt, 8, model)  # warm-up
         lone, lone_long = [], []
@@ -175,9 +215,12 @@ async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), token
             t0 = trio.current_time()
             await _completion(client, url, long_prompt, 1, model)
             lone_long.append(trio.current_time() - t0)
-        for r in range(repeats):
+        for _ in range(repeats):
             for k in seqs:
-                samples[k].append(await _burst(client, url, k, tokens, prompt_len, r, model) / tokens)
+                rate, gauge = await _steady(client, url, k, tokens, prompt_len, model, metrics,
+                                            warmup_s=warmup_s, window_s=window_s)
+                samples[k].append(k / rate if rate > 0 else math.inf)
+                running[k].append(gauge)
         burst = max(seqs)  # that many one-token requests at once: the server's serial cost per request
         serial = [await _burst(client, url, burst, 1, prompt_len, r, model) / burst for r in range(repeats)]
     step = {k: statistics.median(v) for k, v in samples.items()}
@@ -187,15 +230,15 @@ async def calibrate(url: str, *, seqs: tuple[int, ...] = (1, 16, 64, 128), token
                        request_s=round(statistics.median(lone), 6), request_serial_s=round(statistics.median(serial), 6),
                        prefill_s_per_token=round(max(per_prompt_token, 0.0), 8), tokens=tokens, repeats=repeats,
                        load_avg=(round(load0, 2), round(os.getloadavg()[0], 2)),
-                       samples={k: [round(x, 6) for x in v] for k, v in samples.items()})
+                       samples={k: [round(x, 6) for x in v] for k, v in samples.items()},
+                       running_mean={k: round(statistics.median(v), 2) for k, v in running.items()})
 
 
 def fit_sim(cal: Calibration, *, max_running_seqs: int, base: SimConfig, scheduling_policy: str = "priority") -> SimConfig:
     """The sim fitted to ``cal`` (module docstring): the sim's line ``step(k) = a (1 + s (k -
     1))`` through the two regimes that set a step's time, the lone sequence (the tail: ``a =
     step(1)``) and the full server (``k = max_running_seqs``, or the largest measured ``k``
-    below it: ``s = (step(k) / a - 1) / (k - 1)``, with ``step(k)`` less the burst's serial
-    front-end share ``k * request_serial_s / tokens``); the points between are the check of the
+    below it: ``s = (step(k) / a - 1) / (k - 1)``); the points between are the check of the
     line (the JSON has them).  ``frontend_s_per_request`` = ``request_serial_s`` (the API
     server's serial cost per request: what a policy that sends many segments pays on vLLM);
     ``prefill_s_per_token`` as measured; ``prefill_s`` = the lone one-token request's latency
@@ -213,7 +256,6 @@ def fit_sim(cal: Calibration, *, max_running_seqs: int, base: SimConfig, schedul
     serial = cal.request_serial_s or 0.0
     per_prompt_token = cal.prefill_s_per_token or 0.0
     k, step_k = points[-1]
-    step_k = max(step_k - k * serial / cal.tokens, a)
     slowdown = max(step_k / a - 1.0, 0.0) / (k - 1)
     prefill = cal.request_s - a - serial - CALIBRATION_PROMPT_LEN * per_prompt_token
     return replace(base, per_token_s=round(a, 6), decode_slowdown_per_seq=round(slowdown, 6),

@@ -18,7 +18,7 @@ from benchmarks import bench_tail_vllm
 from benchmarks.harness.cpu_share import CpuShare
 from benchmarks.harness.tail_config import TAIL_SIM, TailConfig
 from benchmarks.harness.tail_metrics import summarize
-from benchmarks.harness.tail_vllm import Calibration, fit_sim, observe_vllm, policy_settings, scaled_config
+from benchmarks.harness.tail_vllm import Calibration, calibrate, fit_sim, observe_vllm, policy_settings, scaled_config
 from benchmarks.harness.tail_vllm_backend import (ForcedLengthVLLM, MetricsSample, ServerMetrics, Withdrawn,
                                                   forced_draw, parse_metrics)
 from benchmarks.harness.tail_vllm_report import compare, kendall_tau, ranking
@@ -231,15 +231,26 @@ def test_fit_sim_by_hand_and_the_scaled_scenario():
         fit_sim(replace(cal, step_s={1: 0.003}), max_running_seqs=64, base=TAIL_SIM)
 
 
-def test_fit_sim_takes_the_serial_front_end_out_of_the_burst():
-    # a burst of 64 x 128 tokens took 0.02 s per token; 64 requests x 10 ms of them went through
-    # the front end one at a time: the decode step is 0.02 - 64 * 0.01 / 128 = 0.015 s
-    cal = Calibration(step_s={1: 0.003, 64: 0.02}, tokens_per_s={}, request_s=0.02, tokens=128, repeats=3,
+def test_fit_sim_keeps_the_front_end_apart():
+    cal = Calibration(step_s={1: 0.003, 64: 0.015}, tokens_per_s={}, request_s=0.02, tokens=64, repeats=2,
                       load_avg=(0.0, 0.0), samples={}, request_serial_s=0.01, prefill_s_per_token=1e-4)
     sim = fit_sim(cal, max_running_seqs=64, base=TAIL_SIM)
     assert sim.frontend_s_per_request == 0.01 and sim.prefill_s_per_token == 1e-4
     assert sim.decode_slowdown_per_seq == pytest.approx((0.015 / 0.003 - 1) / 63, abs=1e-6)
     assert sim.prefill_s == pytest.approx(0.02 - 0.003 - 0.01 - 32 * 1e-4, abs=1e-6)  # lone: step + front end + prompt
+
+
+async def test_calibration_measures_the_steady_state_decode_rate(autojump_clock):
+    # the fake decodes every request at 10 ms a token whatever runs beside it: 10 ms a step at
+    # every concurrency, k requests running while k clients keep one in flight
+    fake = MeteredVLLM(per_token_s=0.01)
+    cal = await calibrate(URL, seqs=(1, 8), tokens=8, repeats=2, warmup_s=0.5, window_s=2.0,
+                          transport=mock_transport({URL: fake}))
+    assert cal.step_s[1] == pytest.approx(0.01, rel=0.05) and cal.step_s[8] == pytest.approx(0.01, rel=0.05)
+    assert cal.tokens_per_s[8] == pytest.approx(800, rel=0.05)
+    assert cal.running_mean == {1: pytest.approx(1, abs=0.2), 8: pytest.approx(8, abs=1)}
+    assert not fake.running  # every client left, nothing is decoding
+
 
 
 def test_rankings_and_their_agreement():

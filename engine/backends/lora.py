@@ -324,6 +324,20 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def adapter_folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` is not a peft adapter folder (a phrase to follow the path in a message:
+    ``does not exist``, ``is a file, not an adapter folder``, ``is not a LoRA adapter folder
+    (no adapter_config.json in it ...)``), or ``None`` when it holds ``adapter_config.json``."""
+    folder = Path(path)
+    if (folder / ADAPTER_CONFIG).is_file():
+        return None
+    if not folder.exists():
+        return "does not exist"
+    if not folder.is_dir():
+        return "is a file, not an adapter folder (give the folder that holds adapter_config.json)"
+    return f"is not a LoRA adapter folder (no {ADAPTER_CONFIG} in it: what peft's save_pretrained writes)"
+
+
 def is_adapter_source(source: Any) -> bool:
     """Whether ``source`` is a LoRA adapter: a folder holding ``adapter_config.json``, a peft
     model (anything with ``peft_config``), or a mapping whose keys are all LoRA tensors

@@ -54,7 +54,7 @@ def test_run_samples_the_adapter(tiny, tmp_path, capsys):
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--lora-name", "x"], "--lora-name names the adapter of --lora PATH: give --lora too"),
     (["--backend", "sim", "--lora", "ADAPTER"], "--lora needs a model to adapt"),
-    (["--lora", "/nonexistent"], "is not a LoRA adapter folder"),
+    (["--lora", "/nonexistent"], "--lora: /nonexistent does not exist"),
     (["--lora", "ADAPTER", "--lora-name", "a b"], "--lora-name: must be a name without spaces"),
 ])
 def test_bad_lora_options_are_one_line_and_exit_2(tiny, tmp_path, capsys, extra, needle):

@@ -56,6 +56,8 @@ async def test_rollouts_sample_the_adapter_and_an_update_moves_traffic_then_unlo
             await engine.agenerate(ModelRequest(input_ids=[1], gconfig=G, lora_name="other"))
     assert _lora_calls(fake) == [("load_lora", "lora-v0"), ("load_lora", "lora-v1"), ("unload_lora", "lora-v0"),
                                  ("unload_lora", "lora-v1")]  # the last on close
+    lora = engine.backend.statistics().lora  # what a run's summary reads, after the close
+    assert lora.loaded == () and lora.last_served == {"lora": "lora-v1"}
     assert fake.adapter_requests[:2] == ["lora-v0", "lora-v1"] and not fake.broken
     assert first.output_versions == [0] * 4 and second.output_versions == [1] * 4
     assert first.output_tokens != second.output_tokens  # each version samples its own weights

@@ -4,6 +4,8 @@ the LoRA options' bad input is one line and exit status 2."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -49,6 +51,8 @@ def test_run_samples_the_adapter(tiny, tmp_path, capsys):
         pos = torch.nonzero(gen).squeeze(1)
         assert (logp[pos - 1, ids[pos]] - batch["logprobs"][i][real][gen]).abs().max() < 1e-4
         assert (batch["versions"][i][real][gen] == 0).all()
+    summary = json.loads((out / "summary.json").read_text())  # written after the close
+    assert summary["backend_statistics"]["lora"]["last_served"] == {"policy": "policy-v0"}
 
 
 @pytest.mark.parametrize(("extra", "needle"), [

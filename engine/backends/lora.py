@@ -103,6 +103,9 @@ class LoraStatistics:
         default: the adapter name requests without ``lora_name`` sample.
         current: ``{name: served name of its current version}``.
         loaded: served names still loaded, current and retired-but-in-flight (oldest first).
+        last_served: ``{name: served name of the version its last request sampled}``, kept
+            after the unload (a closed backend's ``loaded`` is empty: this says which
+            version served the run).
         in_flight: ``{served name: segments in flight}`` (only nonzero counts).
         loads, unloads: adapter versions loaded and unloaded so far.
         unload_failures: unloads that failed (their folders are kept).
@@ -115,6 +118,7 @@ class LoraStatistics:
     loads: int = 0
     unloads: int = 0
     unload_failures: int = 0
+    last_served: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -141,6 +145,7 @@ class AdapterVersions:
         self._on_retired = on_retired
         self._current: dict[str, _Version] = {}
         self._versions: dict[str, _Version] = {}  # served name -> version, oldest first
+        self._last_served: dict[str, str] = {}  # name -> served name of its last lease
         self.loads = 0
         self.unloads = 0
         self.unload_failures = 0
@@ -212,6 +217,7 @@ class AdapterVersions:
         """
         version = self._current[self.resolve(lora_name)]
         version.count += 1
+        self._last_served[version.lease.name] = version.lease.served_name
         return version.lease
 
     def release(self, lease: AdapterLease) -> None:
@@ -227,6 +233,7 @@ class AdapterVersions:
         """Move one lease to another version (a segment parked in place continues on the
         new adapter: the ``hf`` backend's ``"in_place"`` update); returns the new lease."""
         self._versions[to.served_name].count += 1
+        self._last_served[to.name] = to.served_name
         self.release(lease)
         return to
 
@@ -275,7 +282,8 @@ class AdapterVersions:
         return LoraStatistics(
             default=self.default, current={n: v.lease.served_name for n, v in self._current.items()},
             loaded=self.loaded(), in_flight={s: v.count for s, v in self._versions.items() if v.count},
-            loads=self.loads, unloads=self.unloads, unload_failures=self.unload_failures)
+            loads=self.loads, unloads=self.unloads, unload_failures=self.unload_failures,
+            last_served=dict(self._last_served))
 
 
 # -- adapter files ---------------------------------------------------------------------------
@@ -322,6 +330,20 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return value
+
+
+def adapter_folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` is not a peft adapter folder (a phrase to follow the path in a message:
+    ``does not exist``, ``is a file, not an adapter folder``, ``is not a LoRA adapter folder
+    (no adapter_config.json in it ...)``), or ``None`` when it holds ``adapter_config.json``."""
+    folder = Path(path)
+    if (folder / ADAPTER_CONFIG).is_file():
+        return None
+    if not folder.exists():
+        return "does not exist"
+    if not folder.is_dir():
+        return "is a file, not an adapter folder (give the folder that holds adapter_config.json)"
+    return f"is not a LoRA adapter folder (no {ADAPTER_CONFIG} in it: what peft's save_pretrained writes)"
 
 
 def is_adapter_source(source: Any) -> bool:

@@ -69,9 +69,11 @@ def _non_negative_float(text: str) -> float:
 
 def _adapter_folder(text: str) -> str:
     """``--lora``: a peft adapter folder (``adapter_config.json``) that exists here."""
-    if not (Path(text) / "adapter_config.json").is_file():
-        raise argparse.ArgumentTypeError(f"{text} is not a LoRA adapter folder (no adapter_config.json in it: "
-                                         "what peft's save_pretrained writes)")
+    from ..backends.lora import adapter_folder_problem
+
+    problem = adapter_folder_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text} {problem}")
     return text
 
 

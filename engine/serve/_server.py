@@ -14,7 +14,6 @@ import functools
 import importlib.util
 import ipaddress
 import logging
-import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -83,8 +82,12 @@ class ServeConfig:
             if not (self.enable_lora or self.lora):
                 raise InvalidRequestError("--max-lora-rank limits the adapters /load_lora_adapter loads: give "
                                           "--enable-lora too")
-        if self.lora is not None and not os.path.isfile(os.path.join(self.lora, "adapter_config.json")):
-            raise InvalidRequestError(f"--lora {self.lora} is not a LoRA adapter folder (no adapter_config.json in it)")
+        if self.lora is not None:
+            from ..backends.lora import adapter_folder_problem
+
+            problem = adapter_folder_problem(self.lora)
+            if problem is not None:
+                raise InvalidRequestError(f"--lora {self.lora} {problem}")
         if self.lora_name is not None:
             from ..backends.lora import check_lora_name
 

@@ -2,21 +2,18 @@
 issue 27): one tiny comparison, ``sync`` and ``length_aware``, a few steps each, in real time.
 
 Marked ``vllm`` (and ``slow``): run with ``pytest --vllm``; fails (never skips) when the venv made by
-``../shared/tools/setup_vllm_cpu.sh`` is missing (``$TRIO_ROLLOUT_VLLM_VENV``, default ``.venv-vllm``).
-One server (30-75 s to start) with ``--scheduling-policy priority``.  What it pins down: the server
+``../shared/tools/setup_vllm_cpu.sh`` is missing (``$TRIO_ROLLOUT_VLLM_VENV``, default ``.venv-vllm``;
+the tier's shared start-up, ``tests/fixtures/vllm_server.py``).  One server (30-190 s to start) with
+``--scheduling-policy priority``.  What it pins down: the server
 decodes exactly the forced lengths (``ignore_eos`` + ``min_tokens``: every trained row has its sim
 draw's length, and the server's own ``vllm:generation_tokens_total`` counts exactly the tokens
 returned when nothing was withdrawn), every episode ends once, and the sim run of the same scenario
-does the same work.  (The server start is copied from ``test_remote_vllm_priority.py``.)
+does the same work.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
@@ -27,10 +24,7 @@ from benchmarks.harness.tail_run import run_policy
 from benchmarks.harness.tail_vllm import policy_settings, run_policy_vllm, scaled_config
 from benchmarks.harness.tail_vllm_backend import forced_draw
 from engine.types import derive_seed
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("TRIO_ROLLOUT_VLLM_VENV", ROOT / ".venv-vllm"))
-TOOLS = Path(os.environ.get("TRIO_ROLLOUT_SHARED_TOOLS", ROOT.parent / "shared" / "tools"))
+from vllm_server import MAX_MODEL_LEN, TIER_OPTIONS, make_tiny_model, vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -38,34 +32,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 CFG = scaled_config(replace(TAIL_SIM, per_token_s=0.004, decode_slowdown_per_seq=0.03), out_len_median=16, groups_per_step=2, group_size=4, steps=3, cooldown_steps=1, train_step_s=0.2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    if not (VENV / "bin" / "vllm").exists() or not (TOOLS / "serve_vllm_cpu.sh").exists():
-        pytest.fail(f"--vllm asked for the real vLLM tier, but there is no vLLM CPU venv at {VENV} or no "
-                    f"{TOOLS / 'serve_vllm_cpu.sh'} (run ../shared/tools/setup_vllm_cpu.sh {VENV})")
-    model = tmp_path_factory.mktemp("vllm-tail") / "tiny-llama"
-    subprocess.run([str(VENV / "bin" / "python"), str(TOOLS / "make_tiny_model.py"), str(model)], check=True,
-                   capture_output=True, timeout=300)
-    port = _free_port()
-    env = {**os.environ, "VLLM_CPU_RUN_DIR": str(tmp_path_factory.mktemp("run-tail"))}
-    started = subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), str(VENV), str(model), str(port),
-                              "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-                              "--max-model-len", "2048", "--no-enable-chunked-prefill", "--scheduling-policy",
-                              "priority", "--max-num-seqs", str(CFG.groups_per_step * CFG.group_size)],
-                             capture_output=True, text=True, env=env, timeout=420)
-    if started.returncode != 0:
-        pytest.fail(f"vLLM did not start:\n{started.stderr[-4000:]}")
-    try:
-        yield started.stdout.strip()
-    finally:
-        subprocess.run(["bash", str(TOOLS / "serve_vllm_cpu.sh"), "stop", str(port)], env=env, capture_output=True,
-                       timeout=120)
+    model = make_tiny_model(tmp_path_factory.mktemp("vllm-tail") / "tiny-llama")
+    with vllm_server(tmp_path_factory.mktemp("run-tail"), model, *TIER_OPTIONS, "--max-model-len",
+                     str(MAX_MODEL_LEN), "--no-enable-chunked-prefill", "--scheduling-policy", "priority",
+                     "--max-num-seqs", str(CFG.groups_per_step * CFG.group_size)) as started:
+        yield started.url
 
 
 def _draw(i: int, j: int) -> int:

@@ -4,6 +4,8 @@ the LoRA options' bad input is one line and exit status 2."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -49,12 +51,14 @@ def test_run_samples_the_adapter(tiny, tmp_path, capsys):
         pos = torch.nonzero(gen).squeeze(1)
         assert (logp[pos - 1, ids[pos]] - batch["logprobs"][i][real][gen]).abs().max() < 1e-4
         assert (batch["versions"][i][real][gen] == 0).all()
+    summary = json.loads((out / "summary.json").read_text())  # written after the close
+    assert summary["backend_statistics"]["lora"]["last_served"] == {"policy": "policy-v0"}
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--lora-name", "x"], "--lora-name names the adapter of --lora PATH: give --lora too"),
     (["--backend", "sim", "--lora", "ADAPTER"], "--lora needs a model to adapt"),
-    (["--lora", "/nonexistent"], "is not a LoRA adapter folder"),
+    (["--lora", "/nonexistent"], "--lora: /nonexistent does not exist"),
     (["--lora", "ADAPTER", "--lora-name", "a b"], "--lora-name: must be a name without spaces"),
 ])
 def test_bad_lora_options_are_one_line_and_exit_2(tiny, tmp_path, capsys, extra, needle):

@@ -94,6 +94,24 @@ def test_retire_all_returns_the_free_versions_and_hands_over_the_rest_later():
     assert [x.served_name for x in retired] == ["lora-v0"]
 
 
+def test_the_last_served_version_outlives_its_unload():
+    # a new-user trial: a run's summary is written after the backend closed, and read
+    # loaded: [], with nothing saying which adapter version had served the run
+    retired = []
+    versions = AdapterVersions(retired.append)
+    versions.add("lora", 0)
+    versions.add("other", 0)
+    versions.release(versions.acquire())
+    assert versions.statistics().last_served == {"lora": "lora-v0"}  # "other" served nothing yet
+    lease = versions.acquire()
+    moved = versions.move(lease, versions.add("lora", 1))  # an in-place update: the segment goes on on v1
+    versions.release(moved)
+    for lease in versions.retire_all() + retired:
+        versions.unloaded(lease)
+    stats = versions.statistics()
+    assert stats.loaded == () and stats.current == {} and stats.last_served == {"lora": "lora-v1"}
+
+
 def _adapter(rank=8, base="models/tiny-llama"):
     tensors = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(rank, 4),
                "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(4, rank)}

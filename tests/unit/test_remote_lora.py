@@ -56,6 +56,8 @@ async def test_rollouts_sample_the_adapter_and_an_update_moves_traffic_then_unlo
             await engine.agenerate(ModelRequest(input_ids=[1], gconfig=G, lora_name="other"))
     assert _lora_calls(fake) == [("load_lora", "lora-v0"), ("load_lora", "lora-v1"), ("unload_lora", "lora-v0"),
                                  ("unload_lora", "lora-v1")]  # the last on close
+    lora = engine.backend.statistics().lora  # what a run's summary reads, after the close
+    assert lora.loaded == () and lora.last_served == {"lora": "lora-v1"}
     assert fake.adapter_requests[:2] == ["lora-v0", "lora-v1"] and not fake.broken
     assert first.output_versions == [0] * 4 and second.output_versions == [1] * 4
     assert first.output_tokens != second.output_tokens  # each version samples its own weights
@@ -140,9 +142,11 @@ async def test_a_name_taken_on_the_server_is_named(tmp_path, reward_pool):
     fake = FakeVLLM()
     fake.loras["lora-v0"] = str(_adapter(tmp_path, "someone-else"))
     backend = _backend("vllm", {A: fake}, tmp_path, lora=_adapter(tmp_path, "v0"))
-    with pytest.raises(BackendError, match="name 'lora' is in use on http://fake-a:1 by another client .*unload it"):
+    with pytest.raises(BackendError, match="name 'lora' is in use on http://fake-a:1 by another client .*unload it") as err:
         async with open_rollout_engine(backend, reward_pool=reward_pool):
             pass
+    # the fix in both spellings: the Python argument and the CLI flag (a new-user trial ran the CLI)
+    assert "lora_name='tenant-a'" in str(err.value) and "--lora-name tenant-a on the CLI" in str(err.value)
 
 
 async def test_full_weights_are_refused_while_an_adapter_is_served_and_a_plain_backend_takes_one(tmp_path,

@@ -251,7 +251,7 @@ class RemoteAdapters:
                 raise BackendError(
                     f"{self.kind}: the LoRA adapter name {self.name!r} is in use on {url} by another client (it "
                     f"serves {foreign[0]!r}, which this backend did not load): give each tenant its own lora_name "
-                    f"(lora_name='tenant-a', 'tenant-b', ...), or, if a run that ended left it loaded, unload it "
+                    f"(lora_name='tenant-a', 'tenant-b', ...; --lora-name tenant-a on the CLI), or, if a run that ended left it loaded, unload it "
                     f"({' '.join(self.wire.lora_unload_call(foreign[0])[:2])} {{\"lora_name\": \"{foreign[0]}\"}})")
 
     async def _broadcast(self, urls: list[str], method: str, path: str,

@@ -10,14 +10,14 @@ decodes exactly that many tokens), so the two servers get the same work and diff
 what it costs.
 
 Scaling (the defaults of :func:`scaled_config`; :data:`TAIL_SIM` is the reference).  The
-tiny model (2 layers, hidden 128, fp32) on this 2-core box decodes, measured with
-``ignore_eos`` requests of 256 tokens (load average 0.9-2.5 when measured;
-:func:`calibrate` measures it again at the start of every run): ~310 tok/s for 1 running
-sequence (3.2 ms per decode step), ~3.6k at 16 (4.5 ms), ~4-6k at 64 (11-16 ms), and no
-more at 128 (4.5k; 28-57 ms per step); a request costs the API server ~7 ms on its own
-(64 one-token requests: 0.46 s).  So the CPU step cost is far from the sim's "nearly
-flat" (x1.06 at 128): it grows ~linearly with running sequences, x3-5 at 64, and the
-throughput stops growing there.  What is kept from the sim scenario, and how:
+tiny model (2 layers, hidden 128, fp32) on this 2-core box, measured by :func:`calibrate` in
+steady state at the start of the reference run (2026-12-02, quiet box): ~290 output tok/s
+with one request in flight (3.4 ms per decode step), ~390 with 16, ~475 with 64 or 128, the
+engine core running 1.0 sequence on average with 16 in flight and 13 with 64 (the rest wait
+in the API server process, ~15 ms per request one after another).  Bursts of requests sent
+at once had measured 1.7-4.8k tok/s at 16-64 on their fastest repeat and spread up to 11x.
+So the CPU server is far from the sim's "nearly flat" step (x1.06 at 128): its throughput
+stops growing by ~16 requests.  What is kept from the sim scenario, and how:
 
 * **the server saturated by one step's work**: the sim runs ``K = 128 = B x G`` slots; here
   ``--max-num-seqs 64 = B x G`` with ``B = 8`` groups of ``G = 8`` (the knee of the

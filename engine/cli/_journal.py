@@ -71,7 +71,8 @@ LOCKED_OPTIONS = ("dataset", "limit", "backend", "model", "n_samples", "group_si
 #: Options of how a run executes (not what its episodes mean): saved in ``run.json``
 #: too; ``--resume`` takes them from there unless given again; a value given again wins
 #: and replaces the saved one (:func:`open_run_dir`), for every later ``--resume`` too.
-KEPT_OPTIONS = ("concurrency", "shards", "shard_backend", "shard_timeout", "reward_backend")
+KEPT_OPTIONS = ("concurrency", "shards", "shard_backend", "shard_timeout", "reward_backend", "scheduling",
+                "scheduling_max_segments")
 
 
 def locked_options(args: Any) -> list[str]:

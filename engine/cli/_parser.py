@@ -163,6 +163,15 @@ def build_parser() -> _Parser:
                           "the policy version is bumped, as a trainer would")
     run.add_argument("--max-head-offpolicyness", type=_non_negative_int, default=None,
                      help="how many versions generation may run ahead (needs --consumer-batch-size)")
+    run.add_argument("--scheduling", choices=("fcfs", "length_aware"), default="fcfs",
+                     help="episode scheduling (docs/guide/scheduling.md): fcfs, first come first served (default: "
+                          "the fastest measured), or length_aware: each group's first sample probes, longer groups "
+                          "go first (server priorities: vLLM --scheduling-policy priority, SGLang "
+                          "--enable-priority-scheduling; needs --group-size > 1)")
+    run.add_argument("--scheduling-max-segments", type=_positive_int, default=None, metavar="N",
+                     help="at most N generation requests on the servers at once, the rest wait in the engine, "
+                          "lowest priority first (set it to the servers' running-sequence limit, vLLM's "
+                          "--max-num-seqs; default: no bound)")
     run.add_argument("--dump-dir", type=Path, default=None,
                      help="also write one JSONL record per trajectory under DIR/<version>/")
     run.add_argument("--reward-timeout", type=_positive_float, default=15.0,

@@ -78,6 +78,11 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
             raise ValueError(f"--resume: the run uses --backend {args.backend}; pass its --server URL(s) again")
     if args.shard_timeout is not None and not args.shards:
         raise ValueError("--shard-timeout applies to --shards N (a shard that falls silent is killed)")
+    if args.scheduling == "length_aware" and args.group_size < 2:
+        raise ValueError("--scheduling length_aware needs --group-size > 1 (a group's first sample estimates "
+                         "its siblings' lengths)")
+    if args.shards and (args.scheduling != "fcfs" or args.scheduling_max_segments is not None):
+        raise ValueError("--scheduling / --scheduling-max-segments: a sharded run (--shards) runs fcfs only")
     if args.max_head_offpolicyness is not None and args.consumer_batch_size is None:
         raise ValueError("--max-head-offpolicyness needs --consumer-batch-size (the batch a version consumes)")
     loaded = await trio.to_thread.run_sync(_load_items, args)  # a bad dataset fails before any work
@@ -101,7 +106,8 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
             s = engine.statistics()
             fields.update(final_version=s.version, reward_fallbacks=s.reward_fallbacks,
                           retokenization_drifts=s.retokenization_drifts,
-                          reward_statistics=plain(s.rewards), backend_statistics=plain(s.backend))
+                          reward_statistics=plain(s.rewards), backend_statistics=plain(s.backend),
+                          scheduling=plain(s.scheduling))
             if args.shards:  # per shard: what it ran, how it ended, its reward pool and backend client
                 fields["shards"] = [plain(r.summary()) for r in engine.shard_statistics()]
         return fields
@@ -182,7 +188,9 @@ def _engine_config(args: argparse.Namespace) -> Any:
                         dump_dir=str(args.dump_dir) if args.dump_dir else None, gc_tuning=True,
                         reward_backend=getattr(args, "reward_backend", "local"),
                         reward_ray_address=getattr(args, "ray_address", None),
-                        episode_timeout_s=getattr(args, "episode_timeout", None))
+                        episode_timeout_s=getattr(args, "episode_timeout", None),
+                        scheduling=getattr(args, "scheduling", "fcfs"),
+                        scheduling_max_segments=getattr(args, "scheduling_max_segments", None))
 
 
 async def _collect(engine: Any, writer: Any, total: int, *, step_every: int | None,

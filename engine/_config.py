@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from rewards import RewardPoolOptions
 
@@ -104,7 +105,10 @@ class EngineConfig:
             cannot run yet in the engine, unsent: a segment's tokens carry the version at
             which it is sent, so a server queue makes them look older than they are (set
             it to the server's running-sequence limit, e.g. vLLM's ``--max-num-seqs``);
-            ``None`` (the default): no engine-side bound.
+            ``"server"``: that limit as the backend reads it once it is open, summed over
+            its servers (:meth:`~engine.backends.base.InferenceBackend.running_sequence_limit`;
+            unknown: no bound, and one INFO line says so); ``None`` (the default): no
+            engine-side bound.
     """
 
     max_concurrent_rollouts: int = 256
@@ -133,7 +137,7 @@ class EngineConfig:
     overprovision_ratio: float = 0.5
     overprovision_chunk_tokens: int | None = 256
     length_aware_probe_tokens: int = 256
-    scheduling_max_segments: int | None = None
+    scheduling_max_segments: int | Literal["server"] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_rollouts", "consumer_batch_size"):
@@ -172,9 +176,14 @@ class EngineConfig:
         if isinstance(ratio, bool) or not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
             raise ValueError(f"overprovision_ratio must be a finite number > 0 (each step runs ceil((1 + r) * B) "
                              f"groups), got {ratio!r}")
+        if isinstance(self.scheduling_max_segments, str) and self.scheduling_max_segments != "server":
+            raise ValueError(f"scheduling_max_segments must be an int >= 1, 'server' (the backend's running-sequence "
+                             f"limit) or None, got {self.scheduling_max_segments!r}")
         for name, allow_none in (("overprovision_chunk_tokens", True), ("length_aware_probe_tokens", False),
                                  ("scheduling_max_segments", True)):
             value = getattr(self, name)
+            if value == "server" and name == "scheduling_max_segments":
+                continue
             if value is None and allow_none:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -241,7 +241,8 @@ class BoundedFCFS(FCFS):
     each generation one segment, at most ``slots`` of them at the server; the others wait
     in the engine in arrival order (their requests' own ``priority`` first), unsent.
 
-    Counters (:meth:`statistics`): ``segments_waiting`` (now) and ``peak_segments_waiting``.
+    Counters (:meth:`statistics`): ``max_segments`` (the bound), ``segments_waiting`` (now)
+    and ``peak_segments_waiting``.
     """
 
     def __init__(self, slots: int) -> None:
@@ -256,8 +257,7 @@ class BoundedFCFS(FCFS):
         self._slots.release()
 
     def statistics(self) -> dict[str, Any] | None:
-        return {"policy": self.name, "segments_waiting": self._slots.waiting,
-                "peak_segments_waiting": self._slots.peak_waiting}
+        return {"policy": self.name, **slot_counters(self._slots)}
 
 
 class _Waiter:
@@ -328,9 +328,25 @@ class SlotGate:
             waiter.event.set()
 
 
-def slot_gate(config_slots: int | None) -> SlotGate | None:
-    """The dispatch bound of ``EngineConfig.scheduling_max_segments`` (None: unbounded)."""
+def slot_gate(config_slots: int | str | None) -> SlotGate | None:
+    """The dispatch bound of ``EngineConfig.scheduling_max_segments`` (None: unbounded).
+
+    Raises:
+        ValueError: ``"server"``, not resolved to the backend's limit (the engine resolves
+            it when it opens: :func:`engine._scheduling.resolve_max_segments`).
+    """
+    if isinstance(config_slots, str):
+        raise ValueError(f"scheduling_max_segments={config_slots!r} is resolved when the engine opens "
+                         "(open_rollout_engine); a policy built outside it needs an int or None")
     return None if config_slots is None else SlotGate(config_slots)
+
+
+def slot_counters(slots: SlotGate | None) -> dict[str, int | None]:
+    """The dispatch bound's counters in a policy's ``statistics()``: ``max_segments`` (the
+    bound; None: unbounded), ``segments_waiting`` (now) and ``peak_segments_waiting``."""
+    if slots is None:
+        return {"max_segments": None, "segments_waiting": 0, "peak_segments_waiting": 0}
+    return {"max_segments": slots.slots, "segments_waiting": slots.waiting, "peak_segments_waiting": slots.peak_waiting}
 
 
 async def with_slot(slots: SlotGate | None, plan: SegmentPlan) -> SegmentPlan:

@@ -24,7 +24,8 @@ import trio
 
 from ._config import EngineConfig
 from ._records import Task
-from ._schedule_base import (FCFS, PROBE_PRIORITY, Key, SegmentPlan, Wake, estimate_priority, slot_gate, with_slot)
+from ._schedule_base import (FCFS, PROBE_PRIORITY, Key, SegmentPlan, Wake, estimate_priority, slot_counters, slot_gate,
+                             with_slot)
 from .types import ModelRequest, ModelResponse
 
 __all__ = ["LengthAware"]
@@ -48,7 +49,8 @@ class LengthAware(FCFS):
     (probes that ended within the probe budget: their length is the estimate),
     ``siblings_waited`` (members that waited for their group's probe),
     ``siblings_unestimated`` (members sent before their probe returned, at priority 0,
-    because the dispatch bound had a free slot: no queue to order), ``segments_waiting``
+    because the dispatch bound had a free slot: no queue to order), ``max_segments`` (the
+    dispatch bound; None: unbounded), ``segments_waiting``
     (now, for a dispatch slot) and ``peak_segments_waiting``.
     """
 
@@ -113,8 +115,6 @@ class LengthAware(FCFS):
         group.known.set()
 
     def statistics(self) -> dict[str, Any]:
-        slots = self._slots
         return {"policy": self.name, "probes": self.probes, "probes_finished": self.probes_finished,
                 "siblings_waited": self.siblings_waited, "siblings_unestimated": self.siblings_unestimated,
-                "segments_waiting": slots.waiting if slots else 0,
-                "peak_segments_waiting": slots.peak_waiting if slots else 0}
+                **slot_counters(self._slots)}

@@ -32,7 +32,7 @@ import trio
 
 from ._config import EngineConfig
 from ._records import EpisodeResult, EpisodeStatus, RejectReason, Task
-from ._schedule_base import FCFS, Key, SegmentPlan, Wake, slot_gate, with_slot
+from ._schedule_base import FCFS, Key, SegmentPlan, Wake, slot_counters, slot_gate, with_slot
 from .types import ModelRequest, ModelResponse
 
 __all__ = ["Overprovision", "TailBatching"]
@@ -89,11 +89,8 @@ class _StepPolicy(FCFS):
         return max(0, self._target - inflight - accepted_waiting) if self._in_step else 0
 
     def _statistics(self) -> dict[str, Any]:
-        slots = self._slots
         return {"policy": self.name, "steps": self.steps, "in_step": self._in_step,
-                "episodes_per_step": self._target, "cut_episodes": self.cut_episodes,
-                "segments_waiting": slots.waiting if slots else 0,
-                "peak_segments_waiting": slots.peak_waiting if slots else 0}
+                "episodes_per_step": self._target, "cut_episodes": self.cut_episodes, **slot_counters(self._slots)}
 
 
 class Overprovision(_StepPolicy):

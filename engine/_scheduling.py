@@ -18,6 +18,8 @@ version change: a recycled episode's *oldest* token counts).  The guide with num
     wait in the engine, unsent, in arrival order (:class:`BoundedFCFS`): a request's tokens
     carry the version at which it is sent, so a deep server queue makes them look older
     than they are and throws them away as stale (the tail benchmark at eta 4).
+    ``scheduling_max_segments="server"`` takes the bound from the backend once it is open
+    (:func:`resolve_max_segments`).
 
 ``"overprovision"``: APRIL, active partial rollouts (arXiv 2509.18521; in slime as
 ``--partial-rollout --over-sampling-batch-size``)
@@ -63,13 +65,20 @@ version change: a recycled episode's *oldest* token counts).  The guide with num
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Callable
+
 from ._config import EngineConfig
-from ._schedule_base import FCFS, PROBE_PRIORITY, BoundedFCFS, SchedulingPolicy, SegmentPlan, Wake, estimate_priority
+from ._schedule_base import (FCFS, PROBE_PRIORITY, BoundedFCFS, SchedulingPolicy, SegmentPlan, Wake, estimate_priority,
+                             slot_gate)
 from ._schedule_length import LengthAware
 from ._schedule_steps import Overprovision, TailBatching
 
 __all__ = ["FCFS", "PROBE_PRIORITY", "BoundedFCFS", "LengthAware", "Overprovision", "SchedulingPolicy", "SegmentPlan", "TailBatching",
-           "estimate_priority", "make_policy"]
+           "estimate_priority", "make_policy", "resolve_max_segments"]
+
+logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
 _POLICIES = {"length_aware": LengthAware, "overprovision": Overprovision, "tail_batching": TailBatching}
 
@@ -77,5 +86,20 @@ _POLICIES = {"length_aware": LengthAware, "overprovision": Overprovision, "tail_
 def make_policy(config: EngineConfig, wake: Wake) -> SchedulingPolicy:
     """The policy ``config.scheduling`` names (``wake`` wakes the admission actor)."""
     if config.scheduling == "fcfs":
-        return FCFS() if config.scheduling_max_segments is None else BoundedFCFS(config.scheduling_max_segments)
+        slots = slot_gate(config.scheduling_max_segments)
+        return FCFS() if slots is None else BoundedFCFS(slots.slots)
     return _POLICIES[config.scheduling](config, wake)
+
+
+def resolve_max_segments(config: EngineConfig, limit: Callable[[], int | None]) -> EngineConfig:
+    """``config`` with ``scheduling_max_segments="server"`` replaced by ``limit()``, the open
+    backend's running-sequence limit (sequences, summed over its servers:
+    :meth:`~engine.backends.base.InferenceBackend.running_sequence_limit`); ``config`` itself
+    for an int or None.  An unknown limit (None) means no bound, and one INFO line says so."""
+    if config.scheduling_max_segments != "server":
+        return config
+    bound = limit()
+    if bound is None:
+        logger.info("scheduling_max_segments='server': the backend does not know its servers' running-sequence "
+                    "limit, so there is no engine-side bound (set scheduling_max_segments to an int to bound it)")
+    return dataclasses.replace(config, scheduling_max_segments=bound)

@@ -190,6 +190,13 @@ class InferenceBackend(abc.ABC):
     async def aclose(self) -> None:
         """Release resources (models, HTTP clients).  Idempotent."""
 
+    def running_sequence_limit(self) -> int | None:
+        """Sequences its servers run at once, summed over them (vLLM's ``--max-num-seqs``,
+        the sim's ``max_running_seqs``): what ``EngineConfig(scheduling_max_segments="server")``
+        bounds the engine's segments in flight by.  Read once the backend is open; ``None``
+        (the default): unknown, also when one server's limit is unknown."""
+        return None
+
     @abc.abstractmethod
     def statistics(self) -> BackendStatistics:
         """A frozen snapshot of the backend's counters; cheap, sync."""

@@ -73,7 +73,7 @@ async def test_probes_go_first_then_the_longest_groups_through_the_dispatch_boun
     continuation = [s for s in rest if s.done > 0]
     assert [(s.group, s.done, s.budget) for s in continuation] == [(1, 256, 4096 - 256)]
     assert stats.scheduling == {"policy": "length_aware", "probes": 3, "probes_finished": 2, "siblings_waited": 6,
-                                "siblings_unestimated": 0,
+                                "siblings_unestimated": 0, "max_segments": 1,
                                 "segments_waiting": 0, "peak_segments_waiting": 6}
     counts_add_up(stats)
     assert stats.accepted == 3
@@ -183,7 +183,8 @@ async def test_fcfs_with_a_dispatch_bound_keeps_what_the_server_cannot_run_unsen
     assert len(sent) == 6 and sorted(s.group for s in sent) == [0, 0, 1, 1, 2, 2]
     assert all(s.priority == 0 and s.done == 0 and s.budget == 4096 for s in sent)  # one segment each, as fcfs
     assert max(_in_flight(backend)) == 2
-    assert stats.scheduling == {"policy": "fcfs", "segments_waiting": 0, "peak_segments_waiting": 4}
+    assert stats.scheduling == {"policy": "fcfs", "max_segments": 2, "segments_waiting": 0,
+                                "peak_segments_waiting": 4}
     assert stats.accepted == 3
     counts_add_up(stats)
 

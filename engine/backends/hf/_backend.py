@@ -445,6 +445,11 @@ class HFBackend(InferenceBackend):
         self.lora = adapters.versions
         return lease
 
+    def running_sequence_limit(self) -> int | None:
+        """``max_batch_size``: at most that many sequences run at once (a static batch, or a
+        continuous batcher's step); the rest queue in the backend."""
+        return self.max_batch_size
+
     def statistics(self) -> HFStatistics:
         c = self._batcher.counts()
         return HFStatistics(

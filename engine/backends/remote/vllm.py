@@ -332,6 +332,7 @@ class VLLMBackend(RemoteBackend):
         self.check_logprobs_mode = check_logprobs_mode
         self.check_seeded_sampling = check_seeded_sampling
         self._priority_scheduling: bool | None = None
+        self._running_limit: int | None = None
 
     @property
     def priority_scheduling(self) -> bool | None:
@@ -339,6 +340,13 @@ class VLLMBackend(RemoteBackend):
         (``--scheduling-policy priority``); None: not read (no start-up check ran).  When
         False, request priorities are not sent (the module docstring)."""
         return self._priority_scheduling
+
+    def running_sequence_limit(self) -> int | None:
+        """The sum over the servers of ``scheduler_config.max_num_seqs`` (lowered to
+        ``max_num_active_seqs`` where that is set), read at start-up from ``/server_info``;
+        None: not read (no start-up check ran), or a server's is unknown (not healthy at
+        start-up, not readable, or data-parallel: ``max_num_seqs`` counts per rank)."""
+        return self._running_limit
 
     @property
     def model(self) -> str | None:
@@ -352,7 +360,8 @@ class VLLMBackend(RemoteBackend):
     async def after_startup(self) -> None:
         """Name the model, then check each healthy server's configuration (``GET
         /server_info?config_format=json``, dev mode), and read its scheduling policy
-        (``scheduler_config.policy``: :attr:`priority_scheduling`).
+        (``scheduler_config.policy``: :attr:`priority_scheduling`) and running-sequence limit
+        (:meth:`running_sequence_limit`).
 
         Raises:
             LogprobsModeError: ``check_logprobs_mode`` and a server that runs another
@@ -366,6 +375,7 @@ class VLLMBackend(RemoteBackend):
         if not (self.check_logprobs_mode or self.check_seeded_sampling):
             return
         policies: list[Any] = []
+        limits: list[int | None] = []
         for server in self.pool.healthy:
             url = server.url
             try:
@@ -376,6 +386,7 @@ class VLLMBackend(RemoteBackend):
             except (RemoteCallError, TypeError, KeyError) as exc:
                 if not self.check_logprobs_mode:
                     policies.append(None)  # unknown: priorities stay on
+                    limits.append(None)
                     continue
                 raise LogprobsModeError(url, f"vllm backend: cannot read the logprobs mode of {url} from /server_info "
                                              f"({exc}); this package reports processed logprobs") from None
@@ -386,6 +397,9 @@ class VLLMBackend(RemoteBackend):
                 _check_seeded_sampling(url, config)
             scheduler = config.get("scheduler_config") if isinstance(config, dict) else None
             policies.append(scheduler.get("policy") if isinstance(scheduler, dict) else None)
+            limits.append(_running_limit(config))
+        if len(limits) == len(self.pool.servers) and None not in limits:
+            self._running_limit = sum(limit for limit in limits if limit is not None)
         if policies and None not in policies:
             self._priority_scheduling = self.wire.send_priority = all(p == "priority" for p in policies)
             if not self._priority_scheduling:
@@ -462,6 +476,25 @@ class VLLMBackend(RemoteBackend):
                 "token ids and no images (vLLM takes images only on /v1/chat/completions, which re-renders the "
                 "prompt, so it would not be token-exact); use the sglang or hf backend for image requests")
         return await super().generate(request, budget)
+
+
+def _running_limit(config: Any) -> int | None:
+    """One server's running-sequence limit from its ``/server_info`` ``vllm_config``
+    (``scheduler_config.max_num_seqs``, or ``max_num_active_seqs`` when lower); None:
+    absent, not a positive int, or data-parallel (``parallel_config.data_parallel_size``
+    > 1: the limit is per rank, and whether this server routes to the others is not said)."""
+    scheduler = config.get("scheduler_config") if isinstance(config, dict) else None
+    parallel = config.get("parallel_config") if isinstance(config, dict) else None
+    if not isinstance(scheduler, dict) or (isinstance(parallel, dict) and parallel.get("data_parallel_size", 1) != 1):
+        return None
+    limits = [scheduler.get("max_num_seqs"), scheduler.get("max_num_active_seqs")]
+    if not _positive_int(limits[0]):
+        return None
+    return min(limit for limit in limits if _positive_int(limit))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _check_seeded_sampling(url: str, config: Any) -> None:

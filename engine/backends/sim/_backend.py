@@ -344,6 +344,10 @@ class SimBackend(PerRequestBackend):
         if len(self._resumes) > _MAX_RESUMES:
             self._resumes.popitem(last=False)
 
+    def running_sequence_limit(self) -> int | None:
+        """``SimConfig.max_running_seqs`` (None: unbounded, so no limit to bound by)."""
+        return self.config.max_running_seqs
+
     def statistics(self) -> SimStatistics:
         model = self._model
         try:  # the slot-seconds up to now (the model counts them up to its last event)

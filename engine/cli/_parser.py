@@ -50,6 +50,17 @@ def _int_at_least(minimum: int):
 _positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
 
 
+def _segments_bound(text: str) -> int | str:
+    """``--scheduling-max-segments``: an int >= 1, or ``server`` (the backend's limit)."""
+    if text == "server":
+        return text
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'server', got {text!r}") from None
+    return _positive_int(text)
+
+
 def _positive_float(text: str) -> float:
     value = _non_negative_float(text)
     if value == 0:
@@ -168,10 +179,11 @@ def build_parser() -> _Parser:
                           "the fastest measured), or length_aware: each group's first sample probes, longer groups "
                           "go first (server priorities: vLLM --scheduling-policy priority, SGLang "
                           "--enable-priority-scheduling; needs --group-size > 1)")
-    run.add_argument("--scheduling-max-segments", type=_positive_int, default=None, metavar="N",
+    run.add_argument("--scheduling-max-segments", type=_segments_bound, default=None, metavar="N|server",
                      help="at most N generation requests on the servers at once, the rest wait in the engine, "
                           "lowest priority first (set it to the servers' running-sequence limit, vLLM's "
-                          "--max-num-seqs; default: no bound)")
+                          "--max-num-seqs; 'server': that limit as the backend reads it, summed over the "
+                          "servers; default: no bound)")
     run.add_argument("--dump-dir", type=Path, default=None,
                      help="also write one JSONL record per trajectory under DIR/<version>/")
     run.add_argument("--reward-timeout", type=_positive_float, default=15.0,

@@ -25,6 +25,15 @@ def test_length_aware_probes_each_group_and_the_summary_says_so(tmp_path, capsys
     assert json.loads((out / "run.json").read_text())["options"]["scheduling"] == "length_aware"
 
 
+def test_the_servers_limit_is_the_bound_the_summary_reports(tmp_path, capsys):
+    out = tmp_path / "o"
+    code, _, err = run_cli([*COMMON, "--group-size", "2", "--sim-max-running-seqs", "3",
+                            "--scheduling-max-segments", "server", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["scheduling"]["max_segments"] == 3
+    assert json.loads((out / "run.json").read_text())["options"]["scheduling_max_segments"] == "server"
+
+
 def test_fcfs_is_the_default_and_reports_no_scheduling(tmp_path, capsys):
     out = tmp_path / "o"
     code, _, err = run_cli([*COMMON, "--group-size", "2", "--out", str(out)], capsys)
@@ -38,6 +47,8 @@ def test_fcfs_is_the_default_and_reports_no_scheduling(tmp_path, capsys):
     (["--shards", "2", "--group-size", "2", "--scheduling", "length_aware"], "a sharded run (--shards) runs fcfs only"),
     (["--shards", "2", "--scheduling-max-segments", "4"], "a sharded run (--shards) runs fcfs only"),
     (["--scheduling-max-segments", "0"], "argument --scheduling-max-segments: must be >= 1"),
+    (["--scheduling-max-segments", "servers"], "--scheduling-max-segments: expected an integer >= 1 or 'server'"),
+    (["--shards", "2", "--scheduling-max-segments", "server"], "a sharded run (--shards) runs fcfs only"),
 ])
 def test_bad_scheduling_options_are_one_line(args, message, tmp_path, capsys):
     code, _, err = run_cli([*COMMON, "--out", str(tmp_path / "o"), *args], capsys)

@@ -111,3 +111,18 @@ async def test_a_sharded_engine_refuses_the_servers_bound():
     with pytest.raises(ValueError, match="scheduling_max_segments='server': a sharded engine has no engine-wide"):
         async with open_sharded_engine(SimBackend(), EngineConfig(scheduling_max_segments="server"), shards=2):
             pass
+
+
+@pytest.mark.parametrize(("vllm_config", "limit"), [
+    ({"scheduler_config": {"max_num_seqs": 256}}, 256),
+    ({"scheduler_config": {"max_num_seqs": 256, "max_num_active_seqs": 64}}, 64),  # admits only that many
+    ({"scheduler_config": {"max_num_seqs": 256}, "parallel_config": {"data_parallel_size": 1}}, 256),
+    ({"scheduler_config": {"max_num_seqs": 256}, "parallel_config": {"data_parallel_size": 2}}, None),  # per rank
+    ({"scheduler_config": {"max_num_seqs": True}}, None),
+    ({"scheduler_config": {}}, None),
+    ({}, None),
+])
+def test_one_vllm_servers_limit_from_its_server_info(vllm_config, limit):
+    from engine.backends.remote.vllm import _running_limit
+
+    assert _running_limit(vllm_config) == limit

@@ -88,7 +88,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ...errors import BackendError, InvalidRequestError
 from ...types import ModelRequest, ModelResponse
@@ -487,13 +487,13 @@ def _running_limit(config: Any) -> int | None:
     parallel = config.get("parallel_config") if isinstance(config, dict) else None
     if not isinstance(scheduler, dict) or (isinstance(parallel, dict) and parallel.get("data_parallel_size", 1) != 1):
         return None
-    limits = [scheduler.get("max_num_seqs"), scheduler.get("max_num_active_seqs")]
-    if not _positive_int(limits[0]):
+    seqs, active = scheduler.get("max_num_seqs"), scheduler.get("max_num_active_seqs")
+    if not _positive_int(seqs):
         return None
-    return min(limit for limit in limits if _positive_int(limit))
+    return min(seqs, active) if _positive_int(active) else seqs
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 

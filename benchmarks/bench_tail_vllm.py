@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -63,12 +65,13 @@ import trio  # noqa: E402
 
 from benchmarks.harness.cpu_share import CpuShare  # noqa: E402
 from benchmarks.harness.report import write_json  # noqa: E402
+from engine import EngineConfig  # noqa: E402
 from engine.errors import BackendError  # noqa: E402
 from benchmarks.harness.tail_cli import aggregate, parse_seeds  # noqa: E402
 from benchmarks.harness.tail_cli import run_tail  # noqa: E402
 from benchmarks.harness.tail_config import TAIL_SIM, TailConfig, parse_policies  # noqa: E402
 from benchmarks.harness.tail_metrics import summarize  # noqa: E402
-from benchmarks.harness.tail_run import PolicyUnavailable  # noqa: E402
+from benchmarks.harness.tail_run import PolicyUnavailable, engine_config_for  # noqa: E402
 from benchmarks.harness.tail_vllm import calibrate, fit_sim, policy_settings, run_policy_vllm, scaled_config  # noqa: E402
 from benchmarks.harness.tail_vllm_report import compare, format_side_by_side, ranking  # noqa: E402
 
@@ -255,18 +258,61 @@ def _reference_ranking(policies: tuple[str, ...]) -> list[str] | None:
         return None
 
 
+class UsageError(ValueError):
+    """A bad option, found before any server starts (exit status 2, as ``rollout bench``)."""
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Every option's value, before a server starts (one :class:`UsageError` naming the option)."""
+    for name in ("groups_per_step", "group_size", "steps", "out_len_median", "calibration_tokens",
+                 "calibration_repeats"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("cooldown_steps", "max_head_offpolicyness"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not (math.isfinite(args.cap_ratio) and args.cap_ratio > 0 and round(args.cap_ratio * args.out_len_median) >= 1):
+        raise UsageError(f"--cap-ratio must be a finite number > 0 with --cap-ratio x --out-len-median >= 1 "
+                         f"(the cap, tokens), got {args.cap_ratio}")
+    if args.train_step_s is not None and not (math.isfinite(args.train_step_s) and args.train_step_s > 0):
+        raise UsageError(f"--train-step-s must be a finite number of seconds > 0, got {args.train_step_s}")
+
+
+def _check_settings(cfg: TailConfig, policies: tuple[str, ...], settings: dict[str, dict[str, Any]]) -> None:
+    """Each policy's engine settings build an :class:`EngineConfig` (its error, naming the field)."""
+    for policy in policies:
+        try:
+            engine_config_for(cfg, policy, settings.get(policy))
+        except PolicyUnavailable:
+            pass  # reported as a skipped row
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--policy-settings {policy}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    policies = parse_policies(args.policies)
-    fcfs_policies: tuple[str, ...] = ()
-    if args.fcfs_policies.strip() and not args.vllm_url:
-        fcfs_policies = parse_policies(args.fcfs_policies)
-    seeds = parse_seeds(args.seeds)
-    extra_settings = _parse_settings(args.policy_settings)
+    _check_options(args)
+    try:
+        policies = parse_policies(args.policies)
+        fcfs_policies: tuple[str, ...] = ()
+        if args.fcfs_policies.strip() and not args.vllm_url:
+            fcfs_policies = parse_policies(args.fcfs_policies)
+        seeds = parse_seeds(args.seeds)
+        extra_settings = _parse_settings(args.policy_settings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    for policy, fields in extra_settings.items():
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise UsageError(f"--policy-settings {policy}: {', '.join(unknown)} is not an EngineConfig field")
     k = args.groups_per_step * args.group_size
     scale = {"out_len_median": args.out_len_median, "cap_ratio": args.cap_ratio, "groups_per_step": args.groups_per_step,
              "group_size": args.group_size, "steps": args.steps, "cooldown_steps": args.cooldown_steps,
              "eta": args.max_head_offpolicyness, "train_step_s": args.train_step_s, "seed": seeds[0]}
-    scaled_config(TAIL_SIM, **{**scale, "train_step_s": 1.0})  # bad values fail here, before a server starts
+    probe = scaled_config(TAIL_SIM, **{**scale, "train_step_s": args.train_step_s or 1.0})  # before a server starts
+    _check_settings(probe, (*policies, *fcfs_policies), _merge(policy_settings(probe), extra_settings))
+    if not args.vllm_url and not (Path(args.tools) / "serve_vllm_cpu.sh").is_file():
+        raise UsageError(f"--tools {args.tools} has no serve_vllm_cpu.sh (the folder of ../shared/tools)")
     if not args.vllm_url and not (Path(args.venv) / "bin" / "vllm").exists():
         raise ValueError(f"no vLLM CPU venv at {args.venv} (run {args.tools}/setup_vllm_cpu.sh {args.venv}, or set "
                          "TRIO_ROLLOUT_VLLM_VENV)")
@@ -364,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(leaf, KeyboardInterrupt):
             print("bench_tail_vllm: interrupted (servers stopped)", file=sys.stderr)
             return 130
+        if isinstance(leaf, UsageError):
+            print(f"bench_tail_vllm: error: {leaf}", file=sys.stderr)
+            return 2
         if isinstance(leaf, _EXPECTED):
             print(f"bench_tail_vllm: error: {leaf}", file=sys.stderr)
             return 1

@@ -151,13 +151,13 @@ class Overprovision(_StepPolicy):
             return await with_slot(self._slots, SegmentPlan(key, left, request.priority, done, left))
         if task_id in self._cut:  # cut at the last hand-out: wait for the next step
             self._parked.add(key)
+            self._recycled.add(task_id)  # from its first park on (statistics; its segments' priority)
             self.parks += 1
             release = self._release
             try:
                 await release.wait()  # until the next prepare_batch call (or the engine closes)
             finally:
                 self._parked.discard(key)
-            self._recycled.add(task_id)
         budget = left if self._chunk is None else min(self._chunk, left)
         priority = request.priority - 1 if task_id in self._recycled else request.priority
         plan = await with_slot(self._slots, SegmentPlan(key, budget, priority, done, left))

@@ -103,8 +103,9 @@ class TailConfig:
                      "max_concurrent_rollouts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.cooldown_steps < 0 or self.max_head_offpolicyness < 0:
-            raise ValueError("cooldown_steps and max_head_offpolicyness must be >= 0")
+        for name in ("cooldown_steps", "max_head_offpolicyness"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (math.isfinite(self.train_step_s) and self.train_step_s >= 0):
             raise ValueError(f"train_step_s must be a finite number of seconds >= 0, got {self.train_step_s!r}")
         if self.prompt_len_max < self.prompt_len_min:

@@ -272,12 +272,31 @@ def test_rankings_and_their_agreement():
     assert c["steps_per_hour_vs_sync"]["vllm"]["fcfs"] == 3.0
 
 
-@pytest.mark.parametrize("argv, message", [(["--seeds", "x"], "--seeds must be comma-separated integers"),
-                                           (["--policies", "nope"], "unknown policy"),
-                                           (["--out-len-median", "0"], "out_len_median")])
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "x"], "--seeds must be comma-separated integers"),
+    (["--policies", "nope"], "unknown policy"),
+    (["--out-len-median", "0"], "--out-len-median must be >= 1, got 0"),
+    # a new-user trial: these started a vLLM server (a minute each) or named another field
+    (["--train-step-s", "-1"], "--train-step-s must be a finite number of seconds > 0, got -1.0"),
+    (["--train-step-s", "nan"], "--train-step-s must be a finite number of seconds > 0, got nan"),
+    (["--calibration-repeats", "0"], "--calibration-repeats must be >= 1, got 0"),
+    (["--calibration-tokens", "0"], "--calibration-tokens must be >= 1, got 0"),
+    (["--policy-settings", '{"fcfs": {"no_such_field": 1}}'], "--policy-settings fcfs: no_such_field"),
+    (["--policy-settings", '{"overprovision": {"overprovision_ratio": -1}}'], "--policy-settings overprovision: "),
+    (["--group-size", "0"], "--group-size must be >= 1, got 0"),
+    (["--groups-per-step", "0"], "--groups-per-step must be >= 1, got 0"),
+    (["--cap-ratio", "0"], "--cap-ratio must be a finite number > 0 with --cap-ratio x --out-len-median >= 1"),
+    (["--cap-ratio", "nan"], "--cap-ratio must be a finite number > 0"),
+    (["--max-head-offpolicyness", "-1"], "--max-head-offpolicyness must be >= 0, got -1"),
+    (["--cooldown-steps", "-1"], "--cooldown-steps must be >= 0, got -1"),
+    (["--tools", "/nonexistent"], "--tools /nonexistent has no serve_vllm_cpu.sh"),
+])
 def test_bad_options_are_one_line_before_any_server_starts(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(bench_tail_vllm.Server, "__enter__", lambda self: pytest.fail("a server was started"))
-    assert bench_tail_vllm.main([*argv, "--run-dir", str(tmp_path)]) == 1
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").write_text("")  # the venv check passes: every option is checked before a server
+    assert bench_tail_vllm.main([*argv, "--run-dir", str(tmp_path), "--venv", str(venv)]) == 2  # usage: as rollout bench
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("bench_tail_vllm: error:") and message in err
 

@@ -81,6 +81,19 @@ async def test_overprovision_parks_the_cut_resumes_them_first_and_keeps_their_ve
     assert after.accepted >= 10  # the five batches' groups (and any accepted but not taken)
 
 
+async def test_a_parked_episode_counts_as_recycled_while_it_waits(reward_pool, autojump_clock):
+    # regression (new-user trial): recycled_episodes ("alive, parked at least once") stayed 0
+    # while the cut episodes waited for the next step; it counted them only once released
+    config = EngineConfig(scheduling="overprovision", consumer_batch_size=2, max_head_offpolicyness=None,
+                          overprovision_ratio=1.0, overprovision_chunk_tokens=100)
+    data = [item(0, 60), item(1, 60), item(2, 3000), item(3, 3000)] + [item(g, 50 + g) for g in range(4, 30)]
+    async with open_rollout_engine(ScriptedSim(), config, reward_pool=reward_pool) as engine:
+        await engine.prepare_batch(data, Scripted(), group_size=1, timeout=600)
+        await trio.sleep(5.0)  # the trainer trains: the cut members reach their next segment and park
+        sched = engine.statistics().scheduling
+        assert sched["parked"] == 2 and sched["recycled_episodes"] == 2
+
+
 async def test_overprovision_resumes_the_parked_before_any_fresh_episode_sends(reward_pool, autojump_clock):
     # groups of one start generating in their own task's first run: only admission's hold
     # keeps a fresh one from sending before a released member (trio runs a batch of tasks in

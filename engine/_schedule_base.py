@@ -68,6 +68,8 @@ class SegmentPlan:
         left: tokens the generation could still produce (its budget minus ``done``).
         slot: the segment holds a :class:`SlotGate` slot, released by ``end``.
         probe: the segment is a group's length probe (``"length_aware"``).
+        rid: the generation's ``ModelRequest.rid`` (the same for all its segments; set where
+            a policy needs to tell one generation of a member from another).
     """
 
     key: Key
@@ -77,6 +79,7 @@ class SegmentPlan:
     left: int
     slot: bool = False
     probe: bool = False
+    rid: str = ""
 
     @property
     def chunked(self) -> bool:

@@ -32,11 +32,12 @@ __all__ = ["LengthAware"]
 
 
 class _Group:
-    __slots__ = ("estimate", "first_call", "known", "probe", "size")
+    __slots__ = ("estimate", "first_call", "known", "probe", "probe_rid", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.probe: int | None = None  # the probe's sample index
+        self.probe_rid = ""  # the probe's generation (a member may run several at once: n_samples)
         self.first_call = False  # the probe's first generation is still going
         self.estimate = 0  # tokens: the group's length estimate, once `known` is set
         self.known = trio.Event()
@@ -82,24 +83,27 @@ class LengthAware(FCFS):
         if group is None:  # a group of one, or a generation outside an episode: nothing to estimate
             return await with_slot(self._slots, SegmentPlan(key, left, request.priority, done, left))
         if group.probe is None:
-            group.probe, group.first_call = key[1], True
+            group.probe, group.probe_rid, group.first_call = key[1], request.rid, True
             self.probes += 1
             budget = min(self._probe_tokens, left)
-            return await with_slot(self._slots, SegmentPlan(key, budget, PROBE_PRIORITY, done, left, probe=True))
-        if not group.known.is_set() and key[1] != group.probe:
+            return await with_slot(self._slots, SegmentPlan(key, budget, PROBE_PRIORITY, done, left, probe=True,
+                                                            rid=request.rid))
+        rid = request.rid
+        if not group.known.is_set() and rid != group.probe_rid:  # a sibling, or the probe member's other samples
             if self._slots is not None and self._slots.free:  # no queue to order: waiting would only delay it
                 self.siblings_unestimated += 1
                 return await with_slot(self._slots, SegmentPlan(key, left, 0, done, left))
             self.siblings_waited += 1
             await group.known.wait()  # bounded: the probe's segment is in flight, and ends (or raises) once
-        return await with_slot(self._slots, SegmentPlan(key, left, estimate_priority(group.estimate), done, left))
+        return await with_slot(self._slots, SegmentPlan(key, left, estimate_priority(group.estimate), done, left,
+                                                        rid=rid))
 
     def end(self, plan: SegmentPlan, response: ModelResponse | None) -> None:
         if plan.slot:
             assert self._slots is not None
             self._slots.release()
         group = self._groups.get(plan.key[0])
-        if group is None or plan.key[1] != group.probe or not group.first_call:
+        if group is None or plan.rid != group.probe_rid or not group.first_call:
             return
         finished = plan.finished(response)
         if finished:

@@ -76,7 +76,7 @@ from ._schedule_length import LengthAware
 from ._schedule_steps import Overprovision, TailBatching
 
 __all__ = ["FCFS", "PROBE_PRIORITY", "BoundedFCFS", "LengthAware", "Overprovision", "SchedulingPolicy", "SegmentPlan", "TailBatching",
-           "estimate_priority", "make_policy", "resolve_max_segments"]
+           "estimate_priority", "make_policy", "resolve_max_segments", "warn_if_unordered"]
 
 logger = logging.getLogger(f"rollout.{__name__}")  # the package's one logging namespace
 
@@ -103,3 +103,17 @@ def resolve_max_segments(config: EngineConfig, limit: Callable[[], int | None]) 
         logger.info("scheduling_max_segments='server': the backend does not know its servers' running-sequence "
                     "limit, so there is no engine-side bound (set scheduling_max_segments to an int to bound it)")
     return dataclasses.replace(config, scheduling_max_segments=bound)
+
+
+def warn_if_unordered(config: EngineConfig, server_priorities: bool | None) -> None:
+    """One WARNING when a policy that orders segments by priority (``length_aware``,
+    ``overprovision``) runs where nothing orders them: the servers ignore priorities
+    (``server_priorities`` False: e.g. vLLM without ``--scheduling-policy priority``, read at
+    start-up) and no ``scheduling_max_segments`` lets the engine dispatch in that order.  Then
+    ``length_aware`` only delays each group by its probe (a new-user trial ran it so, silently)."""
+    if config.scheduling in ("length_aware", "overprovision") and server_priorities is False \
+            and config.scheduling_max_segments is None:
+        logger.warning("scheduling=%r: the servers ignore request priorities and no scheduling_max_segments is set, "
+                       "so nothing orders the segments (start vLLM with --scheduling-policy priority, or set "
+                       "scheduling_max_segments='server' / rollout run --scheduling-max-segments server)",
+                       config.scheduling)

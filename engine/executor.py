@@ -61,7 +61,7 @@ from ._lifecycle import open_services
 from ._resources import EngineResources, open_engine_resources
 from ._records import (EngineCalls, EngineStatistics, EpisodeResult, EpisodeStatus, FailReason, Task as _Task, episode_id,
                        is_cancellation, sample_index)
-from ._scheduling import resolve_max_segments
+from ._scheduling import resolve_max_segments, warn_if_unordered
 from .backends.base import InferenceBackend, WeightSync
 from .buffer import ResultBuffer
 from .datastream import DataStream
@@ -102,6 +102,7 @@ class RolloutEngine:
         # the version: the engine's from here on (set_version); the policy's scheduling_max_segments="server"
         # is the open backend's limit
         policy_config = resolve_max_segments(config, lambda: backend.running_sequence_limit())
+        warn_if_unordered(policy_config, getattr(backend, "priority_scheduling", None))
         self._admission = Admission(policy_config, backend.version, self._ledger, nursery, self._run_episode)
         capacity = config.buffer_capacity or max(1024, 4 * config.max_concurrent_rollouts)
         self._buffer = ResultBuffer(capacity)

@@ -209,7 +209,8 @@ def build_parser() -> _Parser:
     run.add_argument("--resume", type=Path, default=None, metavar="DIR",
                      help="continue the interrupted run in DIR: its options are reused (a different --dataset, "
                           "--n-samples, ... is refused), items already done are skipped; --concurrency, --shards, "
-                          "--shard-backend, --shard-timeout, --reward-backend given again replace the run's, for "
+                          "--shard-backend, --shard-timeout, --reward-backend, --scheduling, --scheduling-max-segments given "
+                          "again replace the run's, for "
                           "this and every later resume")
     run.add_argument("--shard-episodes", type=_positive_int, default=64,
                      help="accepted episodes per trajectory shard, written atomically (default 64)")

@@ -5,6 +5,7 @@ SIGINT/SIGTERM receiver (:mod:`engine.cli._signals`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -117,6 +118,9 @@ async def _run_segment(args: argparse.Namespace, explicit: AbstractSet[str], sto
     todo = [i for i in range(len(items)) if i not in state.done]
     if not todo:
         print(f"nothing to resume: all {len(items)} items in {args.out} are done")
+        # no engine runs: keep what the last run's engine reported (backend, rewards, scheduling)
+        previous = await trio.to_thread.run_sync(_previous_summary, Path(args.out))
+        static.update({k: v for k, v in previous.items() if k not in static})
     exit, error = "error", None
     try:
         async with trio.open_nursery() as nursery:
@@ -176,6 +180,15 @@ async def _workflow_and_config(args: argparse.Namespace, tokenizer: Any) -> tupl
     plan = args.workflow_plan
     processor = await trio.to_thread.run_sync(_load_processor, args) if plan.needs_processor else None
     return build_workflow(plan, gconfig=gconfig, tokenizer=tokenizer, processor=processor), _engine_config(args)
+
+
+def _previous_summary(out: Path) -> dict[str, Any]:
+    """The run folder's ``summary.json`` ({} when missing or unreadable)."""
+    try:
+        value = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _engine_config(args: argparse.Namespace) -> Any:

@@ -88,3 +88,19 @@ def test_shards_given_again_on_resume_reach_run_json_config_toml_and_the_next_re
     # a resume that gives nothing again keeps the run's values (and leaves run.json as it is)
     code, _, err = run_cli(["run", "--resume", str(out), "--quiet"], capsys)
     assert code == 0 and _options(out)["shards"] == 3, err
+
+
+def test_resuming_a_finished_run_keeps_what_its_engine_reported(tmp_path, capsys):
+    """Regression (new-user trial): "nothing to resume" rewrote summary.json from the run
+    options alone, dropping backend_statistics, reward_statistics, scheduling, ..."""
+    out = tmp_path / "run"
+    code, _, err = run_cli([*RUN, "--out", str(out)], capsys)
+    assert code == 0, err
+    before = json.loads((out / "summary.json").read_text())
+    assert "backend_statistics" in before and "reward_statistics" in before and "scheduling" in before
+    code, printed, err = run_cli(["run", "--resume", str(out), "--quiet"], capsys)
+    assert code == 0 and "nothing to resume" in printed, err
+    after = json.loads((out / "summary.json").read_text())
+    assert set(after) >= set(before)
+    for key in ("backend_statistics", "reward_statistics", "scheduling", "items_done", "accepted"):
+        assert after[key] == before[key], key

@@ -104,6 +104,46 @@ async def test_siblings_wait_for_their_probe_and_carry_its_estimate_as_priority(
     assert [s.priority for s in backend.sent if s.group in (7, 8)] == [0, 5]  # a group of one, outside an episode
 
 
+class TwoSamples(Scripted):
+    """Two generations at once per member (``rollout run --n-samples 2``): lengths
+    ``data["lengths"][2 * sample index + k]``."""
+
+    async def arun_episode(self, engine, data):
+        from engine.context import sample_index
+        from engine.trajectory import trajectory_from_response
+
+        responses = {}
+
+        async def one(k):
+            length = data["lengths"][2 * sample_index.get() + k]
+            responses[k] = await engine.agenerate(ModelRequest(
+                input_ids=prompt(data["g"], length), gconfig=GenerationHyperparameters(max_new_tokens=4096)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0)
+            nursery.start_soon(one, 1)
+        return trajectory_from_response(responses[0], 1.0)
+
+
+async def test_the_probe_members_other_samples_wait_for_the_probe_too(reward_pool, autojump_clock):
+    # regression (new-user trial, rollout run --n-samples 2): the probe member's second
+    # generation shares its (task, sample) key; it went out at once at priority 0 (estimate
+    # not known) and counted in no counter, and its end could be taken for the probe's
+    backend = ScriptedSim()
+    config = EngineConfig(scheduling="length_aware", length_aware_probe_tokens=64)
+    async with open_rollout_engine(backend, config, reward_pool=reward_pool) as engine:
+        await engine.rollout_batch([item(0, 30, 34, 40, 50)], TwoSamples(), group_size=2)
+        stats = engine.statistics().scheduling
+    probe = [s for s in backend.sent if s.priority == PROBE_PRIORITY]
+    assert len(probe) == 1 and len(backend.sent) == 4
+    probe_end = min(t for t, task, sample in backend.ended if (task, sample) == (probe[0].task, probe[0].sample))
+    others = [s for s in backend.sent if s.priority != PROBE_PRIORITY]
+    assert all(s.t >= probe_end for s in others)  # all three waited for the probe ...
+    # ... and carry its length (whichever generation probed: each finishes within the probe's 64)
+    assert len({s.priority for s in others}) == 1 and -others[0].priority in {30, 34, 40, 50}
+    assert stats["probes"] == 1 and stats["siblings_waited"] == 3 and stats["siblings_unestimated"] == 0
+
+
 async def test_a_probe_that_fails_releases_its_siblings(reward_pool, autojump_clock):
     class FailingProbe(ScriptedSim):
         async def generate(self, request, budget):

@@ -48,7 +48,8 @@ class Pair(RolloutWorkflow):
 
 @pytest.mark.parametrize(("policy", "sends"), [("priority", True), ("fcfs", False)])
 async def test_length_aware_priorities_reach_a_vllm_server_that_schedules_by_them(policy, sends, reward_pool,
-                                                                               autojump_clock):
+                                                                               autojump_clock, caplog):
+    caplog.set_level("WARNING", logger="rollout")
     fake = FakeVLLM(length=40, scheduling_policy=policy)
     backend = make(fake, "vllm")
     config = EngineConfig(scheduling="length_aware", length_aware_probe_tokens=16)
@@ -65,6 +66,20 @@ async def test_length_aware_priorities_reach_a_vllm_server_that_schedules_by_the
         assert len(sent) == 4 and set(sent[1:]) <= {-64, -56}
     else:  # none to a server that schedules fcfs: the policy still probes first
         assert sent == [None] * 4 and fake.generate_calls[0]["max_tokens"] == 16
+    # nothing orders the segments there (no dispatch bound): one warning says so and how to fix it
+    unordered = [r for r in caplog.records if "nothing orders the segments" in r.getMessage()]
+    assert len(unordered) == (0 if sends else 1)
+    if not sends:
+        assert "--scheduling-policy priority" in unordered[0].getMessage() and unordered[0].levelname == "WARNING"
+
+
+async def test_a_dispatch_bound_orders_what_an_fcfs_server_would_not(reward_pool, autojump_clock, caplog):
+    caplog.set_level("WARNING", logger="rollout")
+    backend = make(FakeVLLM(length=40, scheduling_policy="fcfs"), "vllm")
+    config = EngineConfig(scheduling="length_aware", length_aware_probe_tokens=16, scheduling_max_segments=2)
+    async with open_rollout_engine(backend, config, reward_pool=reward_pool) as engine:
+        await engine.rollout_batch([{}], Pair(), group_size=3)
+    assert not [r for r in caplog.records if "nothing orders the segments" in r.getMessage()]
 
 
 async def test_without_the_startup_read_priorities_are_sent(reward_pool, autojump_clock):
